@@ -1,0 +1,45 @@
+# jobq — `make run` serves the API with its workers; `make test` runs the tests.
+# Both create .venv and install the project first when needed.
+
+.DEFAULT_GOAL := help
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+
+.PHONY: help run test lint format worker migrate db-stop clean
+
+help: ## Show the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-9s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(INSTALLED): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+run: $(INSTALLED) ## Serve the API on http://127.0.0.1:8000 with a worker (Ctrl-C stops it gracefully)
+	$(BIN)/python -m jobq serve
+
+test: $(INSTALLED) ## Run the tests against a fresh database (embedded PostgreSQL unless TEST_DATABASE_URL)
+	$(BIN)/pytest
+
+lint: $(INSTALLED) ## ruff check, ruff format --check, mypy --strict
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+format: $(INSTALLED) ## Format the code and apply safe lint fixes
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+worker: $(INSTALLED) ## Run a worker process alone (run as many as you like)
+	$(BIN)/python -m jobq worker
+
+migrate: $(INSTALLED) ## Apply the SQL migrations in sql/
+	$(BIN)/python -m jobq migrate
+
+db-stop: $(INSTALLED) ## Stop the embedded PostgreSQL (its data stays in .pgdata/)
+	$(BIN)/python -m jobq db-stop
+
+clean: ## Remove .venv and caches (keeps .pgdata/)
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""HTTP API: one blueprint per resource. `jobq.app` wires them."""

@@ -1,0 +1,43 @@
+"""`/exports/<id>`: an export's status, and its iCalendar file once done."""
+
+from __future__ import annotations
+
+from quart import Blueprint, Response, request
+from quart_schema import document_response
+
+from jobq.db import read_transaction
+from jobq.domain import exports
+from jobq.domain.exports import Export
+from jobq.errors import Conflict
+
+bp = Blueprint("exports", __name__)
+
+CALENDAR = "text/calendar"
+
+
+async def _file(export_id: int) -> Response:
+    content = await exports.export_file(export_id)
+    if content is None:
+        raise Conflict("the export is not done yet", export_id=export_id)
+    return Response(
+        content,
+        content_type=f"{CALENDAR}; charset=utf-8",
+        headers={"Content-Disposition": f'attachment; filename="reminders-{export_id}.ics"'},
+    )
+
+
+@bp.get("/exports/<int:export_id>")
+@document_response(Export)
+@read_transaction
+async def get_export(export_id: int) -> Export | Response:
+    """The export's status; with `Accept: text/calendar`, the file once done (409 before)."""
+    if request.accept_mimetypes.best_match(["application/json", CALENDAR]) == CALENDAR:
+        return await _file(export_id)
+    return await exports.get_export(export_id)
+
+
+@bp.get("/exports/<int:export_id>.ics")
+@read_transaction
+async def download_export(export_id: int) -> Response:
+    """The iCalendar file once done; 409 before."""
+    return await _file(export_id)

@@ -1,0 +1,146 @@
+"""The application factory: blueprints, error handlers, and the resources' lifecycle.
+
+Start: database (embedded server when `DATABASE_URL` is unset; migrations), pool, HTTP client,
+then the worker. Stop, in reverse: the worker (graceful: drain, then release), the HTTP client,
+the pool last. Hypercorn serves `jobq.app:create_app()`; `python -m jobq serve` does it with the
+settings' address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+
+import asyncpg
+from pydantic import ValidationError
+from quart import Quart, Response
+from quart_schema import Info, QuartSchema, RequestSchemaValidationError
+from werkzeug.exceptions import HTTPException
+
+from jobq import db, jobs
+from jobq.api import exports, health, reminders, users
+from jobq.api import jobs as jobs_api
+from jobq.config import Settings
+from jobq.db import Database
+from jobq.errors import DatabaseUnavailable, JobqError
+from jobq.migrate import prepare
+from jobq.queue import Worker
+
+log = logging.getLogger(__name__)
+
+JSON_TYPES = ("POST", "PUT", "PATCH")
+
+DATABASE_DOWN = (
+    OSError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+    asyncpg.TooManyConnectionsError,
+)
+"""Errors that mean the database is unreachable (mapped to 503), not that a request is wrong."""
+
+
+def error_body(code: str, detail: Any, status: int) -> Response:
+    """The JSON error every failure answers with: `{"error": code, "detail": detail}`."""
+    return Response(
+        json.dumps({"error": code, "detail": detail}, default=str),
+        status=status,
+        content_type="application/json",
+    )
+
+
+def _snake(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_")
+
+
+def _register_errors(app: Quart) -> None:
+    """The one mapping from exceptions to HTTP answers."""
+
+    @app.errorhandler(RequestSchemaValidationError)
+    async def invalid_body(exc: RequestSchemaValidationError) -> Response:
+        cause = exc.validation_error
+        if isinstance(cause, ValidationError):
+            detail: Any = cause.errors(include_url=False, include_context=False,
+                                       include_input=False)
+        else:
+            detail = str(cause)
+        return error_body("validation_error", detail, 422)
+
+    @app.errorhandler(JobqError)
+    async def jobq_error(exc: JobqError) -> Response:
+        detail: Any = {"message": exc.message, **exc.data} if exc.data else exc.message
+        return error_body(exc.code, detail, exc.status)
+
+    @app.errorhandler(HTTPException)
+    async def http_error(exc: HTTPException) -> Response:
+        status = exc.code or 500
+        return error_body(_snake(exc.name), exc.description, status)
+
+    @app.errorhandler(RecursionError)
+    async def too_deep(exc: RecursionError) -> Response:
+        return error_body("bad_request", "the JSON body is nested too deeply", 400)
+
+    @app.errorhandler(Exception)
+    async def unexpected(exc: Exception) -> Response:
+        if isinstance(exc, DATABASE_DOWN):
+            log.warning("database unavailable: %s", type(exc).__name__)
+            return await jobq_error(DatabaseUnavailable())
+        log.exception("unhandled error")
+        return error_body("internal_error", "an unexpected error occurred", 500)
+
+
+def create_app(settings: Settings | None = None) -> Quart:
+    """Build the app. `settings` defaults to `Settings()` (the environment and `.env`)."""
+    settings = settings or Settings()
+    app = Quart("jobq")
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.extensions["jobq.settings"] = settings
+    QuartSchema(app, info=Info(title="jobq", version="0.1.0"))
+    for blueprint in (users.bp, reminders.bp, exports.bp, jobs_api.bp, health.bp):
+        app.register_blueprint(blueprint)
+    _register_errors(app)
+
+    @app.before_serving
+    async def start() -> None:
+        stack = contextlib.AsyncExitStack()
+        app.extensions["jobq.stack"] = stack
+        dsn = await prepare(settings)
+        database = await Database.open(settings, dsn)
+        stack.push_async_callback(database.close)  # closed last
+        app.extensions["jobq.db"] = database
+        db.bind(database)
+        state = await stack.enter_async_context(jobs.job_state(settings))
+        if settings.run_workers:
+            worker = Worker(database, settings, state=state)
+            await worker.start()
+            stop = asyncio.Event()
+            task = asyncio.create_task(worker.run(stop))
+            app.extensions["jobq.worker"] = worker
+
+            async def stop_worker() -> None:
+                stop.set()
+                await task
+
+            stack.push_async_callback(stop_worker)  # stopped first
+
+    @app.after_serving
+    async def stop() -> None:
+        await app.extensions["jobq.stack"].aclose()
+
+    @app.before_request
+    async def bind_database() -> Response | None:
+        db.bind(app.extensions["jobq.db"])
+        from quart import request
+
+        if request.method in JSON_TYPES and (request.content_length or 0) > 0:
+            if not request.is_json:
+                return error_body(
+                    "unsupported_media_type", "send the body as application/json", 415
+                )
+        return None
+
+    return app

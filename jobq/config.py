@@ -1,0 +1,93 @@
+"""Settings: the only reader of the environment (and of `.env`)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AliasChoices, BeforeValidator, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _seconds(value: Any) -> Any:
+    """Read a duration given in seconds ("5", "0.25", 5) as a `timedelta`."""
+    if isinstance(value, str | int | float) and not isinstance(value, bool):
+        return timedelta(seconds=float(value))
+    return value
+
+
+Seconds = Annotated[timedelta, BeforeValidator(_seconds)]
+
+
+def _env(name: str) -> Any:
+    """A field read from `JOBQ_<NAME>` that can also be set by its Python name."""
+    return AliasChoices(name.lower(), f"JOBQ_{name}")
+
+
+class Settings(BaseSettings):
+    """Every setting of jobq. Durations are `timedelta` here and seconds (`_S`) in the environment.
+
+    Source: the process environment, then `.env` in the working directory, then these defaults.
+    """
+
+    model_config = SettingsConfigDict(
+        env_file=".env", extra="ignore", populate_by_name=True, frozen=True
+    )
+
+    database_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("database_url", "DATABASE_URL")
+    )
+    """PostgreSQL DSN. Unset: the embedded server in `pgdata_dir` is started and used."""
+    pgdata_dir: Path = Field(default=PROJECT_ROOT / ".pgdata", validation_alias=_env("PGDATA_DIR"))
+    http_host: str = Field(default="127.0.0.1", validation_alias=_env("HTTP_HOST"))
+    http_port: int = Field(default=8000, ge=0, le=65535, validation_alias=_env("HTTP_PORT"))
+    max_body_bytes: int = Field(default=64 * 1024, ge=1024, validation_alias=_env("MAX_BODY_BYTES"))
+    min_pool_size: int = Field(default=2, ge=1, validation_alias=_env("MIN_POOL_SIZE"))
+    max_pool_size: int = Field(default=10, ge=1, validation_alias=_env("MAX_POOL_SIZE"))
+    db_command_timeout: Seconds = Field(
+        default=timedelta(seconds=30), validation_alias=_env("DB_COMMAND_TIMEOUT_S")
+    )
+    run_workers: bool = Field(default=True, validation_alias=_env("RUN_WORKERS"))
+    """Whether `serve` also runs a worker in the web process."""
+    max_concurrent_jobs: int = Field(
+        default=16, ge=1, le=1024, validation_alias=_env("MAX_CONCURRENT_JOBS")
+    )
+    """Job slots of one worker process: it never holds more claimed jobs than this."""
+    max_threads: int = Field(default=4, ge=1, le=256, validation_alias=_env("MAX_THREADS"))
+    """Threads for synchronous (plain `def`) handlers."""
+    poll_interval: Seconds = Field(
+        default=timedelta(seconds=5), validation_alias=_env("POLL_INTERVAL_S")
+    )
+    lease: Seconds = Field(default=timedelta(seconds=30), validation_alias=_env("LEASE_S"))
+    """How long a claimed job stays with a worker that stops heartbeating (a hung worker)."""
+    heartbeat_interval: Seconds = Field(
+        default=timedelta(seconds=5), validation_alias=_env("HEARTBEAT_INTERVAL_S")
+    )
+    rescue_interval: Seconds = Field(
+        default=timedelta(seconds=1), validation_alias=_env("RESCUE_INTERVAL_S")
+    )
+    drain_timeout: Seconds = Field(
+        default=timedelta(seconds=10), validation_alias=_env("DRAIN_TIMEOUT_S")
+    )
+    job_timeout: Seconds = Field(
+        default=timedelta(seconds=60), validation_alias=_env("JOB_TIMEOUT_S")
+    )
+    """Default limit on one attempt of a job; a handler may declare its own."""
+    backoff_base: Seconds = Field(
+        default=timedelta(seconds=2), validation_alias=_env("BACKOFF_BASE_S")
+    )
+    backoff_max: Seconds = Field(
+        default=timedelta(hours=1), validation_alias=_env("BACKOFF_MAX_S")
+    )
+    backoff_jitter: float = Field(default=0.25, ge=0, le=1, validation_alias=_env("BACKOFF_JITTER"))
+    """Fraction of each backoff that is randomised away (0: none, 1: full jitter)."""
+    webhook_secret: SecretStr = Field(
+        default=SecretStr("change-me"), validation_alias=_env("WEBHOOK_SECRET")
+    )
+    webhook_timeout: Seconds = Field(
+        default=timedelta(seconds=10), validation_alias=_env("WEBHOOK_TIMEOUT_S")
+    )
+    log_level: str = Field(default="INFO", validation_alias=_env("LOG_LEVEL"))

@@ -1,0 +1,166 @@
+"""The pool's lifecycle, the connection of the current transaction, and the transaction decorators.
+
+One mechanism everywhere: the `Database` in use is held by a ContextVar (bound by the app for
+each request and by the worker for each job), and the transaction in progress by another.
+`transaction()` opens one on a pooled connection, or joins the one in progress with a savepoint;
+`write_transaction` and `read_transaction` wrap a coroutine (a Quart view or any other) in it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+import asyncpg
+
+from jobq.config import Settings
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+if TYPE_CHECKING:  # generic only in asyncpg-stubs
+    Connection = asyncpg.Connection[asyncpg.Record]
+    Pool = asyncpg.Pool[asyncpg.Record]
+else:
+    Connection = asyncpg.Connection
+    Pool = asyncpg.Pool
+
+
+async def _init_connection(conn: Connection) -> None:
+    """Decode json/jsonb to Python objects on every pooled connection."""
+    for typename in ("json", "jsonb"):
+        await conn.set_type_codec(
+            typename, schema="pg_catalog", encoder=json.dumps, decoder=json.loads
+        )
+
+
+async def connect(dsn: str) -> Connection:
+    """Open one connection outside the pool (listener, migrations, tests), with the same codecs."""
+    conn: Connection = await asyncpg.connect(dsn)
+    await _init_connection(conn)
+    return conn
+
+
+class Database:
+    """An asyncpg pool and its DSN. Create with `Database.open(settings, dsn)`; close it last."""
+
+    def __init__(self, pool: Pool, dsn: str) -> None:
+        self.pool = pool
+        self.dsn = dsn
+
+    @classmethod
+    async def open(cls, settings: Settings, dsn: str) -> Database:
+        """Open a pool of `min_pool_size`..`max_pool_size` connections to `dsn`.
+
+        Raises: `OSError` or `asyncpg.PostgresError` when the server cannot be reached.
+        """
+        pool = await asyncpg.create_pool(
+            dsn,
+            min_size=settings.min_pool_size,
+            max_size=settings.max_pool_size,
+            command_timeout=settings.db_command_timeout.total_seconds(),
+            init=_init_connection,
+        )
+        return cls(pool, dsn)
+
+    async def close(self) -> None:
+        """Close the pool, waiting for connections in use to be released."""
+        await self.pool.close()
+
+
+@dataclass
+class Transaction:
+    """The transaction in progress: its connection and what to do once it has committed."""
+
+    conn: Connection
+    readonly: bool
+    after_commit: list[Callable[[], None]] = field(default_factory=list)
+    notified: set[str] = field(default_factory=set)
+
+
+_database: ContextVar[Database | None] = ContextVar("jobq_database", default=None)
+_transaction: ContextVar[Transaction | None] = ContextVar("jobq_transaction", default=None)
+
+
+def bind(database: Database) -> None:
+    """Make `database` the one that `transaction()` uses in the current context."""
+    _database.set(database)
+
+
+def current_database() -> Database:
+    """Return the bound `Database`. Raises `RuntimeError` when none is bound."""
+    database = _database.get()
+    if database is None:
+        raise RuntimeError("no Database is bound in this context (see jobq.db.bind)")
+    return database
+
+
+def current_transaction() -> Transaction | None:
+    """Return the transaction in progress in this context, or None."""
+    return _transaction.get()
+
+
+@asynccontextmanager
+async def transaction(*, readonly: bool = False) -> AsyncIterator[Connection]:
+    """Run the block in one transaction and yield its connection.
+
+    Outermost use: takes a pooled connection, commits when the block ends, rolls back when
+    it raises, then runs the `after_commit` callbacks. Nested use: joins the outer
+    transaction through a savepoint (an error inside rolls back only the block).
+    Raises: whatever the block raises; `asyncpg` errors from the database.
+    """
+    outer = _transaction.get()
+    if outer is not None:
+        async with outer.conn.transaction():
+            yield outer.conn
+        return
+    async with current_database().pool.acquire() as conn:
+        tx = Transaction(conn=conn, readonly=readonly)
+        token = _transaction.set(tx)
+        try:
+            async with conn.transaction(readonly=readonly):
+                yield conn
+        finally:
+            _transaction.reset(token)
+    for callback in tx.after_commit:
+        callback()
+
+
+def _transactional(
+    readonly: bool,
+) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Awaitable[T]]]:
+    def decorate(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+        @functools.wraps(fn)
+        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+            async with transaction(readonly=readonly):
+                return await fn(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+write_transaction = _transactional(readonly=False)
+"""Run the decorated coroutine in one transaction: commit on return, roll back on exception.
+Put it under the route decorator (`@bp.post(...)` outermost)."""
+
+read_transaction = _transactional(readonly=True)
+"""Like `write_transaction`, in a READ ONLY transaction."""
+
+
+def conn() -> Connection:
+    """Return the connection of the transaction in progress. Raises `RuntimeError` outside one."""
+    tx = _transaction.get()
+    if tx is None:
+        raise RuntimeError("no transaction in progress (use write_transaction/read_transaction)")
+    return tx.conn
+
+
+def json_arg(value: Any) -> str:
+    """Encode a value for a `$n::jsonb` parameter given as text."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

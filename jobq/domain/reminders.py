@@ -1,0 +1,178 @@
+"""Reminders: a message for a user at a time, delivered by a `send_reminder` job.
+
+A reminder's status is derived, never copied: `sent` once `sent_at` is set, `failed` while its
+job is in the dead letter, `scheduled` otherwise (queued or running).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Literal, Self
+
+from pydantic import AwareDatetime, BaseModel, Field, model_validator
+
+from jobq import clock, db
+from jobq.domain.types import REQUEST, Text
+from jobq.domain.users import require_user
+from jobq.errors import Conflict, NotFound
+from jobq.queue import Job, enqueue
+
+SEND_REMINDER = "send_reminder"
+MAX_AHEAD = timedelta(days=3660)
+"""How far ahead a reminder may be scheduled (about ten years)."""
+
+
+class NewReminder(BaseModel):
+    """`POST /users/<id>/reminders` body: a message and exactly one of `remind_at` (ISO 8601
+    with an offset) or `remind_in_seconds` (> 0)."""
+
+    model_config = REQUEST
+
+    message: Text = Field(min_length=1, max_length=1000)
+    remind_at: AwareDatetime | None = None
+    remind_in_seconds: float | None = Field(
+        default=None, gt=0, le=MAX_AHEAD.total_seconds(), allow_inf_nan=False
+    )
+
+    @model_validator(mode="after")
+    def _one_time(self) -> Self:
+        if (self.remind_at is None) == (self.remind_in_seconds is None):
+            raise ValueError("give exactly one of remind_at or remind_in_seconds")
+        if self.remind_at is not None:
+            now = clock.now()
+            if self.remind_at <= now:
+                raise ValueError("remind_at must be in the future")
+            if self.remind_at > now + MAX_AHEAD:
+                raise ValueError("remind_at must be within ten years")
+        return self
+
+    def due_at(self, now: datetime) -> datetime:
+        """Return when the reminder is due (aware UTC), given the current time."""
+        if self.remind_at is not None:
+            return self.remind_at
+        assert self.remind_in_seconds is not None
+        return now + timedelta(seconds=self.remind_in_seconds)
+
+
+class Reminder(BaseModel):
+    """A reminder and where its delivery stands. `attempts`: delivery attempts made."""
+
+    id: int
+    user_id: int
+    message: str
+    remind_at: AwareDatetime
+    status: Literal["scheduled", "sent", "failed"]
+    attempts: int
+    sent_at: AwareDatetime | None
+    last_error: str | None
+    job_id: int | None
+    created_at: AwareDatetime
+
+
+class Reminders(BaseModel):
+    """A user's reminders, by `remind_at`."""
+
+    reminders: list[Reminder]
+
+
+_SELECT = """
+SELECT r.id, r.user_id, r.message, r.remind_at, r.job_id, r.sent_at, r.created_at,
+       CASE WHEN r.sent_at IS NOT NULL THEN 'sent'
+            WHEN s.state = 'dead' THEN 'failed'
+            ELSE 'scheduled' END AS status,
+       CASE WHEN r.sent_at IS NOT NULL THEN r.attempts ELSE coalesce(s.attempts, 0) END AS attempts,
+       s.last_error
+FROM reminders r LEFT JOIN job_state s ON s.id = r.job_id
+"""
+
+
+async def schedule_reminder(user_id: int, data: NewReminder) -> Reminder:
+    """Insert a reminder and enqueue its `send_reminder` job (ripe at the due time) in the same
+    transaction. Raises: `NotFound` when the user does not exist."""
+    conn = db.conn()
+    await require_user(user_id)
+    now = clock.now()
+    remind_at = data.due_at(now)
+    reminder_id: int = await conn.fetchval(
+        "INSERT INTO reminders (user_id, message, remind_at, created_at)"
+        " VALUES ($1, $2, $3, $4) RETURNING id",
+        user_id,
+        data.message,
+        remind_at,
+        now,
+    )
+    job = await enqueue(Job(job_type=SEND_REMINDER, arguments={"reminder_id": reminder_id},
+                            ripe_at=remind_at))
+    await conn.execute("UPDATE reminders SET job_id = $2 WHERE id = $1", reminder_id, job.id)
+    return await get_reminder(reminder_id)
+
+
+async def get_reminder(reminder_id: int) -> Reminder:
+    """Return the reminder with its derived status. Raises: `NotFound`."""
+    row = await db.conn().fetchrow(_SELECT + " WHERE r.id = $1", reminder_id)
+    if row is None:
+        raise NotFound("no such reminder", reminder_id=reminder_id)
+    return Reminder.model_validate(dict(row))
+
+
+async def list_reminders(user_id: int) -> list[Reminder]:
+    """Return the user's reminders by due time. Raises: `NotFound` for an unknown user."""
+    await require_user(user_id)
+    rows = await db.conn().fetch(_SELECT + " WHERE r.user_id = $1 ORDER BY r.remind_at, r.id",
+                                 user_id)
+    return [Reminder.model_validate(dict(r)) for r in rows]
+
+
+async def cancel_reminder(reminder_id: int) -> None:
+    """Delete a reminder not yet sent, with its queued (or dead) job, in one statement.
+
+    A delivery already running finds the reminder gone and sends nothing more.
+    Raises: `NotFound`; `Conflict` when it has been sent.
+    """
+    deleted = await db.conn().fetchval(
+        """
+        WITH r AS (DELETE FROM reminders WHERE id = $1 AND sent_at IS NULL RETURNING job_id),
+             q AS (DELETE FROM job WHERE id IN (SELECT job_id FROM r)),
+             d AS (DELETE FROM job_dead WHERE id IN (SELECT job_id FROM r))
+        SELECT count(*) FROM r
+        """,
+        reminder_id,
+    )
+    if deleted:
+        return
+    if await db.conn().fetchval("SELECT 1 FROM reminders WHERE id = $1", reminder_id):
+        raise Conflict("the reminder has been sent already", reminder_id=reminder_id)
+    raise NotFound("no such reminder", reminder_id=reminder_id)
+
+
+class Delivery(BaseModel):
+    """What the `send_reminder` job needs to deliver a reminder."""
+
+    reminder_id: int
+    user_id: int
+    message: str
+    remind_at: AwareDatetime
+    webhook_url: str | None
+
+
+async def pending_delivery(reminder_id: int) -> Delivery | None:
+    """Return the delivery of a reminder not yet sent, or None (sent already, or deleted)."""
+    row = await db.conn().fetchrow(
+        "SELECT r.id AS reminder_id, r.user_id, r.message, r.remind_at, u.webhook_url"
+        " FROM reminders r JOIN users u ON u.id = r.user_id"
+        " WHERE r.id = $1 AND r.sent_at IS NULL",
+        reminder_id,
+    )
+    return None if row is None else Delivery.model_validate(dict(row))
+
+
+async def mark_sent(reminder_id: int, *, attempts: int) -> bool:
+    """Set `sent_at` (the app clock) once: return False when it was set already or the reminder
+    is gone, so a job that runs twice marks the reminder sent exactly once."""
+    status = await db.conn().execute(
+        "UPDATE reminders SET sent_at = $2, attempts = $3 WHERE id = $1 AND sent_at IS NULL",
+        reminder_id,
+        clock.now(),
+        attempts,
+    )
+    return status == "UPDATE 1"

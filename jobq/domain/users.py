@@ -1,0 +1,62 @@
+"""Users: who reminders are for, and where they are delivered (an optional webhook)."""
+
+from __future__ import annotations
+
+from pydantic import AnyHttpUrl, AwareDatetime, BaseModel, EmailStr, Field
+
+from jobq import clock, db
+from jobq.domain.types import REQUEST, Text
+from jobq.errors import Conflict, NotFound
+
+
+class NewUser(BaseModel):
+    """`POST /users` body."""
+
+    model_config = REQUEST
+
+    name: Text = Field(min_length=1, max_length=200)
+    email: EmailStr = Field(max_length=254)
+    webhook_url: AnyHttpUrl | None = Field(default=None, max_length=2000)
+    """Where reminders are POSTed (JSON, signed with `X-Jobq-Signature`)."""
+
+
+class User(BaseModel):
+    """A user."""
+
+    id: int
+    name: str
+    email: str
+    webhook_url: str | None
+    created_at: AwareDatetime
+
+
+async def create_user(data: NewUser) -> User:
+    """Insert a user. Raises: `Conflict` when the e-mail address (any case) is taken."""
+    row = await db.conn().fetchrow(
+        "INSERT INTO users (name, email, webhook_url, created_at) VALUES ($1, $2, $3, $4)"
+        " ON CONFLICT (lower(email)) DO NOTHING"
+        " RETURNING id, name, email, webhook_url, created_at",
+        data.name,
+        data.email,
+        str(data.webhook_url) if data.webhook_url else None,
+        clock.now(),
+    )
+    if row is None:
+        raise Conflict("a user with this email exists", field="email")
+    return User.model_validate(dict(row))
+
+
+async def get_user(user_id: int) -> User:
+    """Return the user. Raises: `NotFound`."""
+    row = await db.conn().fetchrow(
+        "SELECT id, name, email, webhook_url, created_at FROM users WHERE id = $1", user_id
+    )
+    if row is None:
+        raise NotFound("no such user", user_id=user_id)
+    return User.model_validate(dict(row))
+
+
+async def require_user(user_id: int) -> None:
+    """Raise `NotFound` unless the user exists (locking it against deletion meanwhile)."""
+    if not await db.conn().fetchval("SELECT 1 FROM users WHERE id = $1 FOR SHARE", user_id):
+        raise NotFound("no such user", user_id=user_id)

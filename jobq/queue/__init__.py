@@ -1,0 +1,22 @@
+"""The queue engine: enqueue, claim, run, retry with backoff, dead letter, rescue, stop."""
+
+from jobq.errors import DontRetry
+from jobq.queue.model import ClaimedJob, Enqueued, Job, JobContext
+from jobq.queue.registry import Handler, Registry, handler, registry
+from jobq.queue.store import enqueue, enqueue_many
+from jobq.queue.worker import Worker
+
+__all__ = [
+    "ClaimedJob",
+    "DontRetry",
+    "Enqueued",
+    "Handler",
+    "Job",
+    "JobContext",
+    "Registry",
+    "Worker",
+    "enqueue",
+    "enqueue_many",
+    "handler",
+    "registry",
+]

@@ -1,0 +1,109 @@
+"""The shapes of the queue: a job to enqueue, a claimed job, and what a handler is given."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Self, TypeVar
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from jobq import clock
+
+T = TypeVar("T")
+
+DEFAULT_MAX_RETRIES = 5
+
+JobType = str
+"""A job type: lower-case letters, digits and `_.:-`, starting with a letter (max 100)."""
+
+
+class Job(BaseModel):
+    """A job to enqueue.
+
+    `arguments` is a JSON object; with `job_type` it is the dedup key. `ripe_at` is an aware
+    datetime (default: now, i.e. immediately). Higher `priority` runs first. After
+    `max_retries` failed retries (so `max_retries + 1` attempts) the job goes to `job_dead`.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    job_type: JobType = Field(pattern=r"^[a-z][a-z0-9_.:-]{0,99}$")
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    ripe_at: AwareDatetime = Field(default_factory=clock.now)
+    priority: int = Field(default=0, ge=-32768, le=32767)
+    max_retries: int = Field(default=DEFAULT_MAX_RETRIES, ge=0, le=100)
+
+    def runs_in(
+        self, *, seconds: float = 0, minutes: float = 0, hours: float = 0
+    ) -> Self:
+        """Return a copy that ripens that long after now (the app clock)."""
+        delay = timedelta(seconds=seconds, minutes=minutes, hours=hours)
+        return self.model_copy(update={"ripe_at": clock.now() + delay})
+
+    def runs_at(self, ripe_at: datetime) -> Self:
+        """Return a copy that ripens at `ripe_at` (aware). Raises `ValueError` when naive."""
+        if ripe_at.tzinfo is None or ripe_at.utcoffset() is None:
+            raise ValueError("ripe_at must be timezone-aware")
+        return self.model_copy(update={"ripe_at": ripe_at})
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    """The outcome of an enqueue: the job's id, and whether an identical job was queued already
+    (then `id` is that job's)."""
+
+    id: int
+    duplicate: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A row of `job_running` as the claim returned it. `attempts` counts failed attempts so
+    far; `token` is the fencing token that completion, failure and release must name."""
+
+    id: int
+    job_type: str
+    arguments: dict[str, Any]
+    attempts: int
+    max_retries: int
+    token: int
+    ripe_at: datetime
+    claimed_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class JobContext:
+    """What a handler is told about the attempt it runs.
+
+    `attempt` is 1 for the first run; the last attempt is `max_retries + 1`. `state` holds the
+    process's shared resources (settings, HTTP client), like Quart's `app.extensions`.
+    """
+
+    id: int
+    job_type: str
+    attempt: int
+    max_retries: int
+    worker_id: int
+    state: dict[str, Any]
+    loop: asyncio.AbstractEventLoop
+
+    @property
+    def is_last_attempt(self) -> bool:
+        """True when a failure of this attempt sends the job to the dead letter."""
+        return self.attempt > self.max_retries
+
+    def run_coroutine(self, coro: Coroutine[Any, Any, T]) -> T:
+        """From a synchronous handler's thread, run `coro` on the worker's event loop and
+        return its result (or raise its exception). Raises `RuntimeError` on the loop's thread.
+        """
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self.loop:
+            coro.close()
+            raise RuntimeError("run_coroutine is for synchronous handlers in the thread pool")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()

@@ -1,0 +1,161 @@
+"""The queue's operations: thin verbs over the statements in `jobq.queue.sql`.
+
+`enqueue` and `enqueue_many` join the transaction in progress (or open their own); the
+worker's operations take an explicit connection and run as single autocommit statements.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from jobq import clock
+from jobq.db import Connection, current_transaction, json_arg, write_transaction
+from jobq.db import conn as current_conn
+from jobq.queue import sql
+from jobq.queue.model import ClaimedJob, Enqueued, Job
+
+wakeups: set[asyncio.Event] = set()
+"""Wake-up events of the workers of this process; set when a transaction that enqueued commits."""
+
+
+def _wake_local_workers() -> None:
+    for event in wakeups:
+        event.set()
+
+
+def _after_commit_wake() -> None:
+    tx = current_transaction()
+    if tx is not None and "wake" not in tx.notified:
+        tx.notified.add("wake")
+        tx.after_commit.append(_wake_local_workers)
+
+
+@write_transaction
+async def enqueue(job: Job) -> Enqueued:
+    """Queue `job` in the transaction in progress (or in its own) and return its id.
+
+    When an identical job (same `job_type` and `arguments`) is queued already, nothing is
+    inserted and that job's id is returned with `duplicate=True`. Workers are woken once per
+    transaction, after its commit: by NOTIFY (trigger `job_notify`) and, in this process, by
+    an event. A job already running does not count as a duplicate and never makes this wait.
+    Raises: `asyncpg.PostgresError` on database errors.
+    """
+    conn = current_conn()
+    for _ in range(3):
+        row = await conn.fetchrow(
+            sql.job_enqueue,
+            job.job_type,
+            job.arguments,
+            job.ripe_at,
+            job.priority,
+            job.max_retries,
+            clock.now(),
+        )
+        if row is not None:
+            break
+        # The identical job committed while we waited on its index entry, or was claimed
+        # between the conflict and the lookup: try again with a fresh snapshot.
+    else:
+        raise RuntimeError("enqueue did not settle after 3 tries")
+    if not row["duplicate"]:
+        _after_commit_wake()
+    return Enqueued(id=row["id"], duplicate=row["duplicate"])
+
+
+@write_transaction
+async def enqueue_many(jobs: Iterable[Job]) -> list[int]:
+    """Queue many jobs in one statement; return the ids of those that were not duplicates.
+
+    Joins the transaction in progress like `enqueue`. Duplicates (of queued jobs or within
+    the batch) are skipped. Raises: `asyncpg.PostgresError` on database errors.
+    """
+    batch = list(jobs)
+    if not batch:
+        return []
+    conn = current_conn()
+    rows = await conn.fetch(
+        sql.job_enqueue_many,
+        [j.job_type for j in batch],
+        [json_arg(j.arguments) for j in batch],
+        [j.ripe_at for j in batch],
+        [j.priority for j in batch],
+        [j.max_retries for j in batch],
+        clock.now(),
+    )
+    if rows:
+        _after_commit_wake()
+    return [r["id"] for r in rows]
+
+
+def _arguments(value: Any) -> dict[str, Any]:
+    decoded = json.loads(value) if isinstance(value, str) else value
+    return decoded if isinstance(decoded, dict) else {}
+
+
+async def claim(
+    conn: Connection, *, worker_id: int, max_jobs: int, now: datetime, lease_expires_at: datetime
+) -> list[ClaimedJob]:
+    """Move up to `max_jobs` ripe jobs (`ripe_at <= now`) from `job` to `job_running` in one
+    statement (highest priority, then earliest ripe_at; rows locked by another claim are
+    skipped) and return them, each with a new fencing token."""
+    rows = await conn.fetch(sql.job_claim, now, max_jobs, worker_id, lease_expires_at)
+    return [
+        ClaimedJob(
+            id=r["id"],
+            job_type=r["job_type"],
+            arguments=_arguments(r["arguments"]),
+            attempts=r["attempts"],
+            max_retries=r["max_retries"],
+            token=r["token"],
+            ripe_at=r["ripe_at"],
+            claimed_at=r["claimed_at"],
+        )
+        for r in rows
+    ]
+
+
+async def complete(conn: Connection, tokens: list[int]) -> int:
+    """Record the success of the jobs claimed with `tokens`: they leave `job_running`.
+    Return how many were still held (a rescued job's stale token matches nothing)."""
+    return len(await conn.fetch(sql.job_complete, tokens))
+
+
+async def retry(conn: Connection, token: int, *, ripe_at: datetime, error: str) -> bool:
+    """Record a failed attempt: back to `job` with one more attempt, `ripe_at` and `error`.
+    Return False when the token is stale (the job was rescued meanwhile)."""
+    return bool(await conn.fetchval(sql.job_retry, token, ripe_at, error, 1))
+
+
+async def release(conn: Connection, token: int, *, now: datetime) -> bool:
+    """Put a claimed job back in `job`, ripe at `now`, without charging an attempt (used when a
+    worker stops). Return False when the token is stale."""
+    return bool(await conn.fetchval(sql.job_retry, token, now, None, 0))
+
+
+async def bury(conn: Connection, token: int, *, now: datetime, error: str) -> bool:
+    """Move a claimed job to the dead letter (`job_dead`) with `error`, charging the attempt.
+    Return False when the token is stale."""
+    return bool(await conn.fetchval(sql.job_bury, token, now, error))
+
+
+async def rescue(conn: Connection, *, now: datetime) -> int:
+    """Return the jobs of dead workers (their liveness lock is gone) and of hung ones (lease
+    expired before `now`) to `job`, ripe at `now`, charging an attempt; those out of retries go
+    to `job_dead`. Also forget dead workers' rows. Return how many jobs were rescued."""
+    count: int = await conn.fetchval(sql.job_rescue, now, "worker lost while running the job")
+    return count
+
+
+async def next_ripe_at(conn: Connection, *, now: datetime) -> datetime | None:
+    """Return the earliest `ripe_at` after `now` among queued jobs, or None."""
+    value: datetime | None = await conn.fetchval(sql.job_next_ripe_at, now)
+    return value
+
+
+async def stats(conn: Connection, *, now: datetime) -> list[dict[str, Any]]:
+    """Return per job type: `ripe` and `scheduled` queued jobs, `running`, `dead`."""
+    return [dict(r) for r in await conn.fetch(sql.job_stats, now)]

@@ -1,0 +1,420 @@
+"""The worker: claims ripe jobs into free slots, runs them, records outcomes, rescues the lost.
+
+One `Worker` per process, with `max_concurrent_jobs` slots. Its listener connection LISTENs on
+`jobq` and holds the session advisory lock (`WORKER_LOCK_CLASS`, worker id) that tells every
+other worker this one is alive: when the process dies, PostgreSQL drops the session and the
+lock, and the next rescue (every `rescue_interval`, in every worker) returns its jobs to the
+queue. A worker that is connected but hung stops heartbeating, its leases expire, and its jobs
+are rescued too. Every outcome names the job's fencing token, so a stale worker changes nothing.
+
+Wake-ups: a notification, an in-process event after an enqueue commits here, a slot freed,
+the timer at the next `ripe_at`, the poll interval (the safety net), and stop.
+
+Every background service has one shape: `run_once()` does one round and returns a count;
+`run(stop)` loops on it. Here: `run_once` (claim), `heartbeat`, `rescue`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import os
+import socket
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from jobq import clock, db
+from jobq.config import Settings
+from jobq.db import Connection, Database
+from jobq.errors import DontRetry
+from jobq.queue import sql, store
+from jobq.queue.backoff import next_ripe_at
+from jobq.queue.model import ClaimedJob, JobContext
+from jobq.queue.registry import Registry, registry
+
+log = logging.getLogger("jobq.worker")
+
+Outcome = tuple[Literal["complete", "fail", "bury"], str | None]
+
+MAX_ERROR_CHARS = 2000
+
+
+def describe(exc: BaseException) -> str:
+    """Return `Type: message` of an exception, cut to `MAX_ERROR_CHARS`."""
+    text = f"{type(exc).__name__}: {exc}".rstrip(": ")
+    return text[:MAX_ERROR_CHARS]
+
+
+class Worker:
+    """Claims and runs jobs. `start()`, then `run(stop)`; or, in tests, `run_once()` and
+    `wait_idle()`. Stop with `stop()` (graceful) or `abort()` (hard).
+
+    `state` is handed to every handler as `JobContext.state` (settings, HTTP client, ...).
+    """
+
+    def __init__(
+        self,
+        database: Database,
+        settings: Settings,
+        *,
+        handlers: Registry = registry,
+        state: dict[str, Any] | None = None,
+    ) -> None:
+        self.database = database
+        self.settings = settings
+        self.handlers = handlers
+        self.state = state if state is not None else {}
+        self.id: int | None = None
+        self.counts: Counter[str] = Counter()
+        """claimed, completed, retried, buried, released, rejected (stale token), lost_acks."""
+        self._listener: Connection | None = None
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._claim_lock = asyncio.Lock()
+        self._tasks: dict[asyncio.Task[None], ClaimedJob] = {}
+        self._in_handler: set[asyncio.Task[None]] = set()
+        self._held: set[int] = set()
+        self._executor: ThreadPoolExecutor | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Register this worker: open the listener, take the liveness lock, LISTEN.
+
+        Raises: `OSError` / `asyncpg.PostgresError` when the database cannot be reached.
+        """
+        self._loop = asyncio.get_running_loop()
+        self._executor = ThreadPoolExecutor(
+            self.settings.max_threads, thread_name_prefix="jobq-sync"
+        )
+        await self._connect()
+        store.wakeups.add(self._wake)
+        log.info(
+            "worker %s started: %d slots, %d threads",
+            self.id,
+            self.settings.max_concurrent_jobs,
+            self.settings.max_threads,
+        )
+
+    async def _connect(self) -> None:
+        conn = await db.connect(self.database.dsn)
+        try:
+            if self.id is None:
+                self.id = await conn.fetchval(sql.worker_next_id)
+            if not await conn.fetchval(sql.worker_lock, sql.WORKER_LOCK_CLASS, self.id):
+                raise RuntimeError(f"worker id {self.id} is locked by another session")
+            await conn.execute(sql.worker_register, self.id, socket.gethostname(), os.getpid(),
+                               clock.now())
+            await conn.add_listener("jobq", self._on_notify)
+            conn.add_termination_listener(self._on_listener_lost)
+        except BaseException:
+            await conn.close()
+            raise
+        self._listener = conn
+
+    def _on_notify(self, *_: object) -> None:
+        self._wake.set()
+
+    def _on_listener_lost(self, *_: object) -> None:
+        if not self._stopping.is_set():
+            log.warning("worker %s lost its listener connection; reconnecting", self.id)
+        self._listener = None
+        self._wake.set()
+
+    @property
+    def alive(self) -> bool:
+        """True while the listener (and so the liveness lock) is connected."""
+        return self._listener is not None and not self._listener.is_closed()
+
+    @property
+    def free_slots(self) -> int:
+        """Slots not taken by a claimed job (running or recording its outcome)."""
+        return self.settings.max_concurrent_jobs - len(self._tasks)
+
+    @property
+    def running(self) -> int:
+        """How many claimed jobs this worker holds now."""
+        return len(self._tasks)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Claim and run jobs until `stop` is set, then `stop()` gracefully.
+
+        Database errors are logged and retried after a short pause: the loop never dies of one.
+        """
+        if self._loop is None:
+            await self.start()
+        services = [
+            asyncio.create_task(self._repeat(self.heartbeat, self.settings.heartbeat_interval)),
+            asyncio.create_task(self._repeat(self.rescue, self.settings.rescue_interval)),
+            asyncio.create_task(self._watch(stop)),
+        ]
+        poll = self.settings.poll_interval.total_seconds()
+        try:
+            while not self._stopping.is_set():
+                self._wake.clear()
+                try:
+                    claimed = await self.run_once()
+                    if claimed and self.free_slots > 0:
+                        continue  # more may be ripe
+                    timeout = poll if self.free_slots <= 0 else await self._idle_timeout()
+                except Exception as exc:
+                    log.warning("worker %s: claim failed (%s); retrying", self.id, describe(exc))
+                    timeout = min(poll, 1.0)
+                await self._nap(timeout)
+        finally:
+            for task in services:
+                task.cancel()
+            await asyncio.gather(*services, return_exceptions=True)
+            await self.stop()
+
+    async def _watch(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        self._stopping.set()
+        self._wake.set()
+
+    async def _nap(self, seconds: float) -> None:
+        try:
+            async with asyncio.timeout(seconds):
+                await self._wake.wait()
+        except TimeoutError:
+            pass
+
+    async def _repeat(self, once: Callable[[], Awaitable[int]], every: timedelta) -> None:
+        while not self._stopping.is_set():
+            try:
+                await once()
+            except Exception as exc:
+                log.warning("worker %s: %s failed (%s)", self.id, once.__name__, describe(exc))
+            try:
+                async with asyncio.timeout(every.total_seconds()):
+                    await self._stopping.wait()
+            except TimeoutError:
+                pass
+
+    async def _idle_timeout(self) -> float:
+        """Seconds until the next job ripens, at most the poll interval."""
+        poll = self.settings.poll_interval.total_seconds()
+        now = clock.now()
+        async with self.database.pool.acquire() as conn:
+            upcoming = await store.next_ripe_at(conn, now=now)
+        if upcoming is None:
+            return poll
+        return max(0.0, min(poll, (upcoming - now).total_seconds()))
+
+    async def stop(self, drain_timeout: timedelta | None = None) -> None:
+        """Graceful stop: claim nothing more (sleeps end at once), let running jobs finish for
+        up to `drain_timeout` (default `settings.drain_timeout`), then `abort()` the rest."""
+        self._stopping.set()
+        self._wake.set()
+        async with self._claim_lock:
+            pass  # a claim in flight finishes and starts its jobs
+        timeout = (drain_timeout or self.settings.drain_timeout).total_seconds()
+        if self._tasks:
+            log.info("worker %s draining %d jobs (%.1fs)", self.id, len(self._tasks), timeout)
+            await asyncio.wait(list(self._tasks), timeout=timeout)
+        await self.abort()
+
+    async def abort(self) -> None:
+        """Hard stop: cancel the handlers still running; their jobs go back to the queue, ripe
+        now, with no attempt charged. Jobs already recording their outcome finish that. Then
+        unregister and close the listener (which releases the liveness lock)."""
+        self._stopping.set()
+        self._wake.set()
+        for task in list(self._tasks):
+            if task in self._in_handler:
+                task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        store.wakeups.discard(self._wake)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        if self.id is not None:
+            try:
+                async with self.database.pool.acquire() as conn:
+                    await conn.execute(sql.worker_unregister, self.id)
+            except Exception as exc:
+                log.warning("worker %s: could not unregister (%s)", self.id, describe(exc))
+        if self._listener is not None:
+            listener, self._listener = self._listener, None
+            await listener.close()
+        log.info("worker %s stopped: %s", self.id, dict(self.counts))
+
+    async def wait_idle(self) -> None:
+        """Wait until every claimed job has run and its outcome is recorded (for tests)."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # -- one round of each service ---------------------------------------------------------
+
+    async def run_once(self) -> int:
+        """Claim up to the free slots in one statement and start the jobs; return how many.
+
+        Claims nothing while stopping or while the liveness lock is not held. One claim at a
+        time per worker, so free slots are never counted twice.
+        """
+        async with self._claim_lock:
+            free = self.free_slots
+            if free <= 0 or self._stopping.is_set() or not self.alive or self.id is None:
+                return 0
+            now = clock.now()
+            async with self.database.pool.acquire() as conn:
+                jobs = await store.claim(
+                    conn,
+                    worker_id=self.id,
+                    max_jobs=free,
+                    now=now,
+                    lease_expires_at=now + self.settings.lease,
+                )
+            for job in jobs:
+                self._start(job)
+            self.counts["claimed"] += len(jobs)
+            return len(jobs)
+
+    async def heartbeat(self) -> int:
+        """Reconnect the listener if it was lost; extend the leases of the jobs this worker
+        holds to now + lease; return how many leases were extended."""
+        if not self.alive and not self._stopping.is_set():
+            await self._connect()
+            log.info("worker %s reconnected its listener", self.id)
+            self._wake.set()
+        now = clock.now()
+        async with self.database.pool.acquire() as conn:
+            status = await conn.execute(
+                sql.worker_heartbeat, self.id, now, now + self.settings.lease, list(self._held)
+            )
+        return int(status.split()[-1])
+
+    async def rescue(self) -> int:
+        """Return the jobs of dead or hung workers (any worker's) to the queue; return how many."""
+        async with self.database.pool.acquire() as conn:
+            count = await store.rescue(conn, now=clock.now())
+        if count:
+            log.warning("rescued %d jobs of dead or hung workers", count)
+        return count
+
+    # -- running one job -------------------------------------------------------------------
+
+    def _start(self, job: ClaimedJob) -> None:
+        assert self._loop is not None
+        context = contextvars.Context()  # a clean context: never a request's connection
+        context.run(db.bind, self.database)
+        task = self._loop.create_task(self._execute(job), context=context)
+        self._tasks[task] = job
+        self._held.add(job.token)
+        task.add_done_callback(self._on_done)
+
+    def _on_done(self, task: asyncio.Task[None]) -> None:
+        job = self._tasks.pop(task, None)
+        if job is not None:
+            self._held.discard(job.token)
+        self._wake.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("job task crashed", exc_info=task.exception())
+
+    async def _execute(self, job: ClaimedJob) -> None:
+        try:
+            kind, error = await self._attempt(job)
+        except asyncio.CancelledError:
+            ok = await self._record(lambda c: store.release(c, job.token, now=clock.now()))
+            self._count("released", ok, job)
+            raise
+        if kind == "complete":
+            ok = await self._record(lambda c: store.complete(c, [job.token]))
+            self._count("completed", ok, job)
+            return
+        assert error is not None
+        if kind == "fail" and job.attempts < job.max_retries:
+            ripe_at = next_ripe_at(
+                job.attempts + 1,
+                clock.now(),
+                base=self.settings.backoff_base,
+                cap=self.settings.backoff_max,
+                jitter=self.settings.backoff_jitter,
+            )
+            ok = await self._record(lambda c: store.retry(c, job.token, ripe_at=ripe_at,
+                                                          error=error))
+            self._count("retried", ok, job)
+        else:
+            ok = await self._record(lambda c: store.bury(c, job.token, now=clock.now(),
+                                                         error=error))
+            self._count("buried", ok, job)
+            log.error("job %s (%s) is dead: %s", job.id, job.job_type, error)
+
+    def _count(self, what: str, ok: bool | int | None, job: ClaimedJob) -> None:
+        if ok is None:
+            self.counts["lost_acks"] += 1
+        elif ok:
+            self.counts[what] += 1
+        else:
+            self.counts["rejected"] += 1
+            log.warning("job %s was rescued from this worker; its outcome (%s) is not recorded",
+                        job.id, what)
+
+    async def _attempt(self, job: ClaimedJob) -> tuple[Literal["complete", "fail", "bury"],
+                                                       str | None]:
+        spec = self.handlers.get(job.job_type)
+        if spec is None:
+            return "bury", f"no handler for job_type {job.job_type!r}"
+        try:
+            args = spec.args_model.model_validate(job.arguments)
+        except ValidationError as exc:
+            return "bury", f"invalid arguments: {exc}"[:MAX_ERROR_CHARS]
+        assert self._loop is not None and self.id is not None
+        context = JobContext(
+            id=job.id,
+            job_type=job.job_type,
+            attempt=job.attempts + 1,
+            max_retries=job.max_retries,
+            worker_id=self.id,
+            state=self.state,
+            loop=self._loop,
+        )
+        limit = (spec.timeout or self.settings.job_timeout).total_seconds()
+        task = asyncio.current_task()
+        assert task is not None
+        self._in_handler.add(task)  # type: ignore[arg-type]
+        try:
+            async with asyncio.timeout(limit) as deadline:
+                if spec.is_async:
+                    await spec.fn(args, context)
+                else:
+                    run = contextvars.copy_context().run
+                    await self._loop.run_in_executor(self._executor, run, spec.fn, args, context)
+        except DontRetry as exc:
+            return "bury", describe(exc)
+        except TimeoutError as exc:
+            if deadline.expired():
+                return "fail", f"timed out after {limit:g}s"
+            return "fail", describe(exc)
+        except Exception as exc:
+            log.info("job %s (%s) attempt %d failed", job.id, job.job_type, context.attempt,
+                     exc_info=True)
+            return "fail", describe(exc)
+        finally:
+            self._in_handler.discard(task)  # type: ignore[arg-type]
+        return "complete", None
+
+    async def _record(self, op: Callable[[Connection], Awaitable[bool | int]]) -> bool | None:
+        """Run an outcome statement, retrying through database trouble for up to one lease.
+        Return its result, or None when it could not be recorded (the job's lease then
+        expires and the rescue returns it to the queue: a re-run, never a loss)."""
+        assert self._loop is not None
+        deadline = self._loop.time() + self.settings.lease.total_seconds()
+        delay = 0.05
+        while True:
+            try:
+                async with self.database.pool.acquire() as conn:
+                    return bool(await op(conn))
+            except Exception as exc:
+                if self._loop.time() + delay > deadline:
+                    log.error("could not record a job outcome (%s); its lease will expire",
+                              describe(exc))
+                    return None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
