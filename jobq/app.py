@@ -16,7 +16,7 @@ from typing import Any
 
 import asyncpg
 from pydantic import ValidationError
-from quart import Quart, Response
+from quart import Quart, Response, request
 from quart_schema import Info, QuartSchema, RequestSchemaValidationError
 from werkzeug.exceptions import HTTPException
 
@@ -64,8 +64,9 @@ def _register_errors(app: Quart) -> None:
     async def invalid_body(exc: RequestSchemaValidationError) -> Response:
         cause = exc.validation_error
         if isinstance(cause, ValidationError):
-            detail: Any = cause.errors(include_url=False, include_context=False,
-                                       include_input=False)
+            detail: Any = cause.errors(
+                include_url=False, include_context=False, include_input=False
+            )
         else:
             detail = str(cause)
         return error_body("validation_error", detail, 422)
@@ -134,13 +135,9 @@ def create_app(settings: Settings | None = None) -> Quart:
     @app.before_request
     async def bind_database() -> Response | None:
         db.bind(app.extensions["jobq.db"])
-        from quart import request
-
-        if request.method in JSON_TYPES and (request.content_length or 0) > 0:
-            if not request.is_json:
-                return error_body(
-                    "unsupported_media_type", "send the body as application/json", 415
-                )
+        has_body = request.method in JSON_TYPES and (request.content_length or 0) > 0
+        if has_body and not request.is_json:
+            return error_body("unsupported_media_type", "send the body as application/json", 415)
         return None
 
     return app

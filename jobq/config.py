@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import AliasChoices, BeforeValidator, Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -16,6 +16,13 @@ def _seconds(value: Any) -> Any:
     """Read a duration given in seconds ("5", "0.25", 5) as a `timedelta`."""
     if isinstance(value, str | int | float) and not isinstance(value, bool):
         return timedelta(seconds=float(value))
+    return value
+
+
+def _names(value: Any) -> Any:
+    """Read "a.b, c.d" as ("a.b", "c.d")."""
+    if isinstance(value, str):
+        return tuple(name.strip() for name in value.split(",") if name.strip())
     return value
 
 
@@ -79,9 +86,7 @@ class Settings(BaseSettings):
     backoff_base: Seconds = Field(
         default=timedelta(seconds=2), validation_alias=_env("BACKOFF_BASE_S")
     )
-    backoff_max: Seconds = Field(
-        default=timedelta(hours=1), validation_alias=_env("BACKOFF_MAX_S")
-    )
+    backoff_max: Seconds = Field(default=timedelta(hours=1), validation_alias=_env("BACKOFF_MAX_S"))
     backoff_jitter: float = Field(default=0.25, ge=0, le=1, validation_alias=_env("BACKOFF_JITTER"))
     """Fraction of each backoff that is randomised away (0: none, 1: full jitter)."""
     webhook_secret: SecretStr = Field(
@@ -90,4 +95,8 @@ class Settings(BaseSettings):
     webhook_timeout: Seconds = Field(
         default=timedelta(seconds=10), validation_alias=_env("WEBHOOK_TIMEOUT_S")
     )
+    job_modules: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_names)] = Field(
+        default=(), validation_alias=_env("JOB_MODULES")
+    )
+    """Modules to import for their handlers, besides `jobq.jobs` (comma-separated in the env)."""
     log_level: str = Field(default="INFO", validation_alias=_env("LOG_LEVEL"))

@@ -24,7 +24,9 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 if TYPE_CHECKING:  # generic only in asyncpg-stubs
-    Connection = asyncpg.Connection[asyncpg.Record]
+    from asyncpg.pool import PoolConnectionProxy
+
+    Connection = asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]
     Pool = asyncpg.Pool[asyncpg.Record]
 else:
     Connection = asyncpg.Connection
@@ -39,9 +41,9 @@ async def _init_connection(conn: Connection) -> None:
         )
 
 
-async def connect(dsn: str) -> Connection:
+async def connect(dsn: str) -> asyncpg.Connection[asyncpg.Record]:
     """Open one connection outside the pool (listener, migrations, tests), with the same codecs."""
-    conn: Connection = await asyncpg.connect(dsn)
+    conn: asyncpg.Connection[asyncpg.Record] = await asyncpg.connect(dsn)
     await _init_connection(conn)
     return conn
 

@@ -9,6 +9,7 @@ the server as a system user of its own (`pgserver`), since PostgreSQL refuses to
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import subprocess
@@ -37,7 +38,7 @@ def start(pgdata_dir: Path) -> str:
         import pgserver  # imported here: it is only needed when there is no DATABASE_URL
 
     pgdata_dir.parent.mkdir(parents=True, exist_ok=True)
-    server = pgserver.get_server(pgdata_dir, cleanup_mode=None)
+    server = pgserver.get_server(pgdata_dir, cleanup_mode=None)  # type: ignore[attr-defined]
     dsn: str = server.get_uri("postgres")
     log.info("embedded PostgreSQL in %s", pgdata_dir)
     return dsn
@@ -47,7 +48,7 @@ def stop(pgdata_dir: Path) -> bool:
     """Stop the embedded server in `pgdata_dir`. Return False when it was not running."""
     if not (pgdata_dir / "postmaster.pid").exists():
         return False
-    from pgserver._commands import pg_ctl
+    from pgserver._commands import pg_ctl  # type: ignore[attr-defined]
 
     owner = pgdata_dir.owner()
     user = None if owner == _whoami() else owner
@@ -91,9 +92,8 @@ async def ensure_database(admin_dsn: str, database: str) -> None:
     try:
         exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", database)
         if not exists:
-            try:
+            # another process may create it meanwhile
+            with contextlib.suppress(asyncpg.DuplicateDatabaseError, asyncpg.UniqueViolationError):
                 await conn.execute(f'CREATE DATABASE "{database}"')
-            except (asyncpg.DuplicateDatabaseError, asyncpg.UniqueViolationError):
-                pass  # created meanwhile by another process
     finally:
         await conn.close()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quart import Blueprint, Response, request
+from quart import Blueprint, Response, jsonify, request
 from quart_schema import document_response
 
 from jobq.db import read_transaction
@@ -29,11 +29,11 @@ async def _file(export_id: int) -> Response:
 @bp.get("/exports/<int:export_id>")
 @document_response(Export)
 @read_transaction
-async def get_export(export_id: int) -> Export | Response:
+async def get_export(export_id: int) -> Response:
     """The export's status; with `Accept: text/calendar`, the file once done (409 before)."""
     if request.accept_mimetypes.best_match(["application/json", CALENDAR]) == CALENDAR:
         return await _file(export_id)
-    return await exports.get_export(export_id)
+    return jsonify((await exports.get_export(export_id)).model_dump(mode="json"))
 
 
 @bp.get("/exports/<int:export_id>.ics")

@@ -101,8 +101,9 @@ async def schedule_reminder(user_id: int, data: NewReminder) -> Reminder:
         remind_at,
         now,
     )
-    job = await enqueue(Job(job_type=SEND_REMINDER, arguments={"reminder_id": reminder_id},
-                            ripe_at=remind_at))
+    job = await enqueue(
+        Job(job_type=SEND_REMINDER, arguments={"reminder_id": reminder_id}, ripe_at=remind_at)
+    )
     await conn.execute("UPDATE reminders SET job_id = $2 WHERE id = $1", reminder_id, job.id)
     return await get_reminder(reminder_id)
 
@@ -118,8 +119,9 @@ async def get_reminder(reminder_id: int) -> Reminder:
 async def list_reminders(user_id: int) -> list[Reminder]:
     """Return the user's reminders by due time. Raises: `NotFound` for an unknown user."""
     await require_user(user_id)
-    rows = await db.conn().fetch(_SELECT + " WHERE r.user_id = $1 ORDER BY r.remind_at, r.id",
-                                 user_id)
+    rows = await db.conn().fetch(
+        _SELECT + " WHERE r.user_id = $1 ORDER BY r.remind_at, r.id", user_id
+    )
     return [Reminder.model_validate(dict(r)) for r in rows]
 
 

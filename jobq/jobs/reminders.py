@@ -52,8 +52,9 @@ async def send_reminder(args: SendReminderArgs, job: JobContext) -> None:
     if delivery is None:
         return  # sent by an earlier run, or deleted
     if delivery.webhook_url is None:
-        log.info("reminder %s for user %s: %s", delivery.reminder_id, delivery.user_id,
-                 delivery.message)
+        log.info(
+            "reminder %s for user %s: %s", delivery.reminder_id, delivery.user_id, delivery.message
+        )
     else:
         body = json.dumps(
             {

@@ -36,9 +36,7 @@ class Job(BaseModel):
     priority: int = Field(default=0, ge=-32768, le=32767)
     max_retries: int = Field(default=DEFAULT_MAX_RETRIES, ge=0, le=100)
 
-    def runs_in(
-        self, *, seconds: float = 0, minutes: float = 0, hours: float = 0
-    ) -> Self:
+    def runs_in(self, *, seconds: float = 0, minutes: float = 0, hours: float = 0) -> Self:
         """Return a copy that ripens that long after now (the app clock)."""
         delay = timedelta(seconds=seconds, minutes=minutes, hours=hours)
         return self.model_copy(update={"ripe_at": clock.now() + delay})

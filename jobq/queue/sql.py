@@ -6,7 +6,9 @@ Every time-based statement takes the time as a parameter (the app clock); none u
 WORKER_LOCK_CLASS = 1785684593
 """classid ('jobq') of the session advisory locks that tell a worker is alive; objid = worker id."""
 
-_COLUMNS = "id, job_type, arguments, ripe_at, priority, attempts, max_retries, last_error, created_at"
+_COLUMNS = (
+    "id, job_type, arguments, ripe_at, priority, attempts, max_retries, last_error, created_at"
+)
 
 job_enqueue = """
 WITH queued AS (
@@ -24,7 +26,8 @@ WHERE md5 = md5($1 || $2::jsonb::text) AND NOT EXISTS (SELECT FROM queued)
 job_enqueue_many = """
 INSERT INTO job (job_type, arguments, ripe_at, priority, max_retries, created_at)
 SELECT t, a::jsonb, r, p, m, $6
-FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::smallint[], $5::int[]) AS u(t, a, r, p, m)
+FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::smallint[], $5::int[])
+     AS u(t, a, r, p, m)
 ON CONFLICT (md5) DO NOTHING
 RETURNING id
 """

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any, Literal
 
+import asyncpg
 from pydantic import ValidationError
 
 from jobq import clock, db
@@ -73,7 +74,7 @@ class Worker:
         self.id: int | None = None
         self.counts: Counter[str] = Counter()
         """claimed, completed, retried, buried, released, rejected (stale token), lost_acks."""
-        self._listener: Connection | None = None
+        self._listener: asyncpg.Connection[asyncpg.Record] | None = None
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._claim_lock = asyncio.Lock()
@@ -110,8 +111,9 @@ class Worker:
                 self.id = await conn.fetchval(sql.worker_next_id)
             if not await conn.fetchval(sql.worker_lock, sql.WORKER_LOCK_CLASS, self.id):
                 raise RuntimeError(f"worker id {self.id} is locked by another session")
-            await conn.execute(sql.worker_register, self.id, socket.gethostname(), os.getpid(),
-                               clock.now())
+            await conn.execute(
+                sql.worker_register, self.id, socket.gethostname(), os.getpid(), clock.now()
+            )
             await conn.add_listener("jobq", self._on_notify)
             conn.add_termination_listener(self._on_listener_lost)
         except BaseException:
@@ -337,12 +339,14 @@ class Worker:
                 cap=self.settings.backoff_max,
                 jitter=self.settings.backoff_jitter,
             )
-            ok = await self._record(lambda c: store.retry(c, job.token, ripe_at=ripe_at,
-                                                          error=error))
+            ok = await self._record(
+                lambda c: store.retry(c, job.token, ripe_at=ripe_at, error=error)
+            )
             self._count("retried", ok, job)
         else:
-            ok = await self._record(lambda c: store.bury(c, job.token, now=clock.now(),
-                                                         error=error))
+            ok = await self._record(
+                lambda c: store.bury(c, job.token, now=clock.now(), error=error)
+            )
             self._count("buried", ok, job)
             log.error("job %s (%s) is dead: %s", job.id, job.job_type, error)
 
@@ -353,11 +357,15 @@ class Worker:
             self.counts[what] += 1
         else:
             self.counts["rejected"] += 1
-            log.warning("job %s was rescued from this worker; its outcome (%s) is not recorded",
-                        job.id, what)
+            log.warning(
+                "job %s was rescued from this worker; its outcome (%s) is not recorded",
+                job.id,
+                what,
+            )
 
-    async def _attempt(self, job: ClaimedJob) -> tuple[Literal["complete", "fail", "bury"],
-                                                       str | None]:
+    async def _attempt(
+        self, job: ClaimedJob
+    ) -> tuple[Literal["complete", "fail", "bury"], str | None]:
         spec = self.handlers.get(job.job_type)
         if spec is None:
             return "bury", f"no handler for job_type {job.job_type!r}"
@@ -365,7 +373,8 @@ class Worker:
             args = spec.args_model.model_validate(job.arguments)
         except ValidationError as exc:
             return "bury", f"invalid arguments: {exc}"[:MAX_ERROR_CHARS]
-        assert self._loop is not None and self.id is not None
+        assert self._loop is not None
+        assert self.id is not None
         context = JobContext(
             id=job.id,
             job_type=job.job_type,
@@ -378,7 +387,7 @@ class Worker:
         limit = (spec.timeout or self.settings.job_timeout).total_seconds()
         task = asyncio.current_task()
         assert task is not None
-        self._in_handler.add(task)  # type: ignore[arg-type]
+        self._in_handler.add(task)
         try:
             async with asyncio.timeout(limit) as deadline:
                 if spec.is_async:
@@ -393,11 +402,16 @@ class Worker:
                 return "fail", f"timed out after {limit:g}s"
             return "fail", describe(exc)
         except Exception as exc:
-            log.info("job %s (%s) attempt %d failed", job.id, job.job_type, context.attempt,
-                     exc_info=True)
+            log.info(
+                "job %s (%s) attempt %d failed",
+                job.id,
+                job.job_type,
+                context.attempt,
+                exc_info=True,
+            )
             return "fail", describe(exc)
         finally:
-            self._in_handler.discard(task)  # type: ignore[arg-type]
+            self._in_handler.discard(task)
         return "complete", None
 
     async def _record(self, op: Callable[[Connection], Awaitable[bool | int]]) -> bool | None:
@@ -413,8 +427,9 @@ class Worker:
                     return bool(await op(conn))
             except Exception as exc:
                 if self._loop.time() + delay > deadline:
-                    log.error("could not record a job outcome (%s); its lease will expire",
-                              describe(exc))
+                    log.error(
+                        "could not record a job outcome (%s); its lease will expire", describe(exc)
+                    )
                     return None
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
