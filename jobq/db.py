@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -135,8 +135,8 @@ async def transaction(*, readonly: bool = False) -> AsyncIterator[Connection]:
 
 def _transactional(
     readonly: bool,
-) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Awaitable[T]]]:
-    def decorate(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Coroutine[Any, Any, T]]]:
+    def decorate(fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
         @functools.wraps(fn)
         async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
             async with transaction(readonly=readonly):

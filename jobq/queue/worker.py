@@ -217,7 +217,8 @@ class Worker:
         self._wake.set()
         async with self._claim_lock:
             pass  # a claim in flight finishes and starts its jobs
-        timeout = (drain_timeout or self.settings.drain_timeout).total_seconds()
+        drain = self.settings.drain_timeout if drain_timeout is None else drain_timeout
+        timeout = drain.total_seconds()
         if self._tasks:
             log.info("worker %s draining %d jobs (%.1fs)", self.id, len(self._tasks), timeout)
             await asyncio.wait(list(self._tasks), timeout=timeout)
@@ -388,19 +389,32 @@ class Worker:
         task = asyncio.current_task()
         assert task is not None
         self._in_handler.add(task)
+        thread: asyncio.Future[None] | None = None
         try:
             async with asyncio.timeout(limit) as deadline:
                 if spec.is_async:
                     await spec.fn(args, context)
                 else:
                     run = contextvars.copy_context().run
-                    await self._loop.run_in_executor(self._executor, run, spec.fn, args, context)
+                    thread = self._loop.run_in_executor(self._executor, run, spec.fn, args, context)
+                    # Shielded: a thread cannot be stopped, so a timeout must not let go of it.
+                    await asyncio.shield(thread)
         except DontRetry as exc:
             return "bury", describe(exc)
         except TimeoutError as exc:
-            if deadline.expired():
-                return "fail", f"timed out after {limit:g}s"
-            return "fail", describe(exc)
+            if not deadline.expired():
+                return "fail", describe(exc)
+            if thread is not None:
+                # Keep the job (its slot and lease) until the thread returns: no second run
+                # may start while this one lives (guarantee 3).
+                log.warning(
+                    "job %s (%s) passed its %gs timeout in a thread; waiting for it",
+                    job.id,
+                    job.job_type,
+                    limit,
+                )
+                await asyncio.gather(thread, return_exceptions=True)
+            return "fail", f"timed out after {limit:g}s"
         except Exception as exc:
             log.info(
                 "job %s (%s) attempt %d failed",

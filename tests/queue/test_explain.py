@@ -1,0 +1,60 @@
+"""The queue's hot statements are served by indexes (read from their EXPLAIN plans)."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+
+from jobq import clock
+from jobq.db import Connection
+from jobq.queue import sql
+
+NUM_JOBS = 5000
+
+
+@pytest.fixture
+async def filled(conn: Connection) -> Connection:
+    """`conn` over a job table of a few thousand rows (priorities and times spread), analysed."""
+    now = clock.now()
+    await conn.execute(
+        """
+        INSERT INTO job (job_type, arguments, ripe_at, priority, max_retries, created_at)
+        SELECT 'bulk.t' || (i % 7), jsonb_build_object('i', i),
+               $1::timestamptz + (i % 400 - 200) * interval '1 minute', (i % 5)::smallint, 5, $1
+        FROM generate_series(1, $2::int) AS i
+        """,
+        now,
+        NUM_JOBS,
+    )
+    await conn.execute("ANALYZE job")
+    return conn
+
+
+async def plan(conn: Connection, statement: str, *args: object) -> str:
+    rows = await conn.fetch("EXPLAIN " + statement, *args)
+    return "\n".join(r[0] for r in rows)
+
+
+async def test_claim_uses_the_claim_index(filled: Connection) -> None:
+    now = clock.now()
+    text = await plan(filled, sql.job_claim, now, 10, 1, now + timedelta(seconds=30))
+    assert re.search(r"Index Scan using job_claim_idx on job", text), text
+    assert "Sort" not in text, text  # the index gives the order: no sort of the ripe jobs
+    assert await filled.fetchval("SELECT count(*) FROM job") == NUM_JOBS  # EXPLAIN ran nothing
+
+
+async def test_dedup_lookup_uses_the_md5_index(filled: Connection) -> None:
+    now = clock.now()
+    text = await plan(filled, sql.job_enqueue, "bulk.t1", {"i": 1}, now, 0, 5, now)
+    assert "Conflict Arbiter Indexes: job_md5_key" in text, text
+    # the duplicate's lookup (not only the arbiter) is an index scan
+    assert re.search(r"Index (Only )?Scan using job_md5_key on job", text), text
+    assert not re.search(r"Seq Scan on job\b", text), text
+
+
+async def test_next_ripe_at_uses_an_index(filled: Connection) -> None:
+    text = await plan(filled, sql.job_next_ripe_at, clock.now())
+    assert re.search(r"Index (Only )?Scan using job_(ripe_at|claim)_idx on job", text), text
+    assert not re.search(r"Seq Scan on job\b", text), text

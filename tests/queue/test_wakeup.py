@@ -1,0 +1,218 @@
+"""On time: an idle worker wakes on an enqueue (in-process or NOTIFY) and at the next ripe_at,
+not at its poll interval; the poll remains the safety net."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime, timedelta
+
+from pydantic import BaseModel
+
+from jobq import clock
+from jobq.db import Connection, transaction
+from jobq.queue import Job, JobContext, Registry, Worker, enqueue
+from tests.queue.conftest import NewWorker
+from tests.queue.helpers import eventually
+
+SLOW_POLL = 30.0  # seconds: a wake-up that waited for the poll would time the test out
+
+
+class Args(BaseModel):
+    n: int = 0
+
+
+class Starts:
+    """Records when each job starts (loop time and app clock); `wait(n)` waits for n starts."""
+
+    def __init__(self) -> None:
+        self.loop_times: list[float] = []
+        self.clock_times: list[datetime] = []
+        self._event = asyncio.Event()
+
+    def handlers(self) -> Registry:
+        handlers = Registry()
+
+        @handlers.handler("tick", args=Args)
+        async def tick(args: Args, job: JobContext) -> None:
+            self.loop_times.append(asyncio.get_running_loop().time())
+            self.clock_times.append(clock.now())
+            self._event.set()
+
+        return handlers
+
+    async def wait(self, n: int) -> float:
+        """Wait for the n-th start (at most 2 s); return its loop time."""
+        async with asyncio.timeout(2):
+            while len(self.loop_times) < n:
+                self._event.clear()
+                await self._event.wait()
+        return self.loop_times[n - 1]
+
+
+@asynccontextmanager
+async def running(
+    new_worker: NewWorker, handlers: Registry, **overrides: object
+) -> AsyncIterator[Worker]:
+    """A worker in `run(stop)`, settled into its idle sleep; stopped at the end."""
+    worker = new_worker(handlers, **overrides)
+    stop = asyncio.Event()
+    await worker.start()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        await asyncio.sleep(0.1)  # it found nothing and went to sleep for its poll interval
+        yield worker
+    finally:
+        stop.set()
+        await task
+
+
+def now_loop() -> float:
+    return asyncio.get_running_loop().time()
+
+
+async def test_enqueue_in_this_process_wakes_the_worker(new_worker: NewWorker) -> None:
+    starts = Starts()
+    async with running(new_worker, starts.handlers(), poll_interval=SLOW_POLL):
+        for n in range(3):  # every time, not only the first
+            committed = now_loop()
+            await enqueue(Job(job_type="tick", arguments={"n": n}))
+            assert await starts.wait(n + 1) - committed < 0.5
+            await asyncio.sleep(0.05)  # back to sleep
+
+
+async def test_in_process_wakeup_works_without_notify(new_worker: NewWorker) -> None:
+    starts = Starts()
+    async with running(new_worker, starts.handlers(), poll_interval=SLOW_POLL):
+        async with transaction() as c:
+            # replica mode skips the NOTIFY trigger: only the in-process event can wake
+            await c.execute("SET LOCAL session_replication_role = replica")
+            await enqueue(Job(job_type="tick"))
+        committed = now_loop()
+        assert await starts.wait(1) - committed < 0.5
+
+
+async def test_no_wakeup_before_commit(new_worker: NewWorker) -> None:
+    starts = Starts()
+    async with running(new_worker, starts.handlers(), poll_interval=SLOW_POLL):
+        async with transaction():
+            await enqueue(Job(job_type="tick"))
+            await asyncio.sleep(0.2)  # an uncommitted job cannot be claimed
+            assert starts.loop_times == []
+        committed = now_loop()
+        assert await starts.wait(1) - committed < 0.5
+
+
+async def test_insert_from_another_connection_wakes_by_notify(
+    conn: Connection, new_worker: NewWorker
+) -> None:
+    starts = Starts()
+    async with running(new_worker, starts.handlers(), poll_interval=SLOW_POLL):
+        async with conn.transaction():
+            await insert_job(conn, n=1)
+        committed = now_loop()
+        assert await starts.wait(1) - committed < 0.5
+
+
+async def test_scheduled_job_starts_at_its_ripe_at(new_worker: NewWorker) -> None:
+    starts = Starts()
+    async with running(new_worker, starts.handlers(), poll_interval=SLOW_POLL):
+        job = Job(job_type="tick").runs_in(seconds=0.3)
+        await enqueue(job)
+        await starts.wait(1)
+    started_at = starts.clock_times[0]
+    assert job.ripe_at <= started_at < job.ripe_at + timedelta(seconds=0.15)
+
+
+async def test_retry_starts_at_its_backoff_not_the_poll(
+    conn: Connection, new_worker: NewWorker
+) -> None:
+    handlers = Registry()
+    attempts_at: list[float] = []
+    second = asyncio.Event()
+
+    @handlers.handler("flaky", args=Args)
+    async def flaky(args: Args, job: JobContext) -> None:
+        attempts_at.append(now_loop())
+        if job.attempt == 1:
+            raise RuntimeError("once")
+        second.set()
+
+    async with running(
+        new_worker,
+        handlers,
+        poll_interval=SLOW_POLL,
+        backoff_base=timedelta(seconds=0.3),
+        backoff_jitter=0,
+    ) as worker:
+        await enqueue(Job(job_type="flaky"))
+        async with asyncio.timeout(2):
+            await second.wait()
+    assert 0.3 <= attempts_at[1] - attempts_at[0] < 0.5
+    assert worker.counts["retried"] == 1
+    assert worker.counts["completed"] == 1
+
+
+async def test_job_enqueued_by_a_handler_runs_at_once(new_worker: NewWorker) -> None:
+    handlers = Registry()
+    times: dict[int, float] = {}
+    chained = asyncio.Event()
+
+    @handlers.handler("chain", args=Args)
+    async def chain(args: Args, job: JobContext) -> None:
+        times[args.n] = now_loop()
+        if args.n < 3:
+            await enqueue(Job(job_type="chain", arguments={"n": args.n + 1}))
+        else:
+            chained.set()
+
+    async with running(new_worker, handlers, poll_interval=SLOW_POLL):
+        await enqueue(Job(job_type="chain", arguments={"n": 1}))
+        async with asyncio.timeout(2):
+            await chained.wait()
+    assert times[3] - times[1] < 0.5
+
+
+async def test_poll_finds_a_job_whose_notification_was_lost(
+    conn: Connection, new_worker: NewWorker
+) -> None:
+    starts = Starts()
+    async with running(new_worker, starts.handlers(), poll_interval=0.3):
+        # replica mode skips the NOTIFY trigger: this insert wakes nobody
+        async with conn.transaction():
+            await conn.execute("SET LOCAL session_replication_role = replica")
+            await insert_job(conn, n=1)
+        committed = now_loop()
+        assert await starts.wait(1) - committed < 0.3 + 0.3
+
+
+async def test_listener_reconnects_and_listens_again(
+    conn: Connection, new_worker: NewWorker
+) -> None:
+    starts = Starts()
+    async with running(
+        new_worker, starts.handlers(), poll_interval=SLOW_POLL, heartbeat_interval=0.1
+    ) as worker:
+        listener = worker._listener
+        assert listener is not None
+        assert await conn.fetchval(
+            "SELECT pg_terminate_backend($1, 5000)", listener.get_server_pid()
+        )
+        # the heartbeat (every 0.1 s) reconnects the listener
+        await eventually(lambda: worker.alive and worker._listener is not listener, within_s=2)
+        await asyncio.sleep(0.1)  # settled back into its 30 s idle sleep
+        async with conn.transaction():
+            await insert_job(conn, n=1)
+        committed = now_loop()
+        assert await starts.wait(1) - committed < 0.5
+
+
+async def insert_job(conn: Connection, *, n: int) -> None:
+    """Queue a `tick` job with plain SQL (as another program would)."""
+    await conn.execute(
+        "INSERT INTO job (job_type, arguments, ripe_at, max_retries, created_at)"
+        " VALUES ('tick', jsonb_build_object('n', $1::int), $2, 0, $2)",
+        n,
+        clock.now(),
+    )
