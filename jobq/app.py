@@ -18,7 +18,8 @@ import asyncpg
 from pydantic import ValidationError
 from quart import Quart, Response, request
 from quart_schema import Info, QuartSchema, RequestSchemaValidationError
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, NotFound
+from werkzeug.routing import IntegerConverter
 
 from jobq import db, jobs
 from jobq.api import exports, health, reminders, users
@@ -32,6 +33,7 @@ from jobq.queue import Worker
 log = logging.getLogger(__name__)
 
 JSON_TYPES = ("POST", "PUT", "PATCH")
+BIGINT_MAX = 2**63 - 1
 
 DATABASE_DOWN = (
     OSError,
@@ -51,6 +53,18 @@ def error_body(code: str, detail: Any, status: int) -> Response:
         status=status,
         content_type="application/json",
     )
+
+
+class IdConverter(IntegerConverter):
+    """`<int:...>` in routes: a number beyond PostgreSQL's bigint names no row, so it is a 404
+    here rather than a database error. (Raised, not a conversion failure: that would let
+    Werkzeug answer 405 where another method's rule has the same path.)"""
+
+    def to_python(self, value: str) -> int:
+        number: int = super().to_python(value)
+        if number > BIGINT_MAX:
+            raise NotFound()
+        return number
 
 
 def _snake(name: str) -> str:
@@ -78,8 +92,15 @@ def _register_errors(app: Quart) -> None:
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:
-        status = exc.code or 500
-        return error_body(_snake(exc.name), exc.description, status)
+        response = error_body(_snake(exc.name), exc.description, exc.code or 500)
+        for name, value in exc.get_headers():  # e.g. Allow on a 405 (RFC 9110, 15.5.6)
+            if name.lower() != "content-type":
+                response.headers[name] = value
+        return response
+
+    @app.errorhandler(UnicodeDecodeError)
+    async def not_utf8(exc: UnicodeDecodeError) -> Response:
+        return error_body("bad_request", "the body is not valid UTF-8", 400)
 
     @app.errorhandler(RecursionError)
     async def too_deep(exc: RecursionError) -> Response:
@@ -98,6 +119,7 @@ def create_app(settings: Settings | None = None) -> Quart:
     """Build the app. `settings` defaults to `Settings()` (the environment and `.env`)."""
     settings = settings or Settings()
     app = Quart("jobq")
+    app.url_map.converters["int"] = IdConverter  # before the blueprints add their routes
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.extensions["jobq.settings"] = settings
     QuartSchema(app, info=Info(title="jobq", version="0.1.0"))
@@ -135,8 +157,9 @@ def create_app(settings: Settings | None = None) -> Quart:
     @app.before_request
     async def bind_database() -> Response | None:
         db.bind(app.extensions["jobq.db"])
-        has_body = request.method in JSON_TYPES and (request.content_length or 0) > 0
-        if has_body and not request.is_json:
+        # Read the body (bounded by MAX_CONTENT_LENGTH) rather than trust Content-Length: a
+        # chunked HTTP/1.1 or an HTTP/2 request has a body without one.
+        if request.method in JSON_TYPES and not request.is_json and await request.get_data():
             return error_body("unsupported_media_type", "send the body as application/json", 415)
         return None
 

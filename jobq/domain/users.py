@@ -57,6 +57,6 @@ async def get_user(user_id: int) -> User:
 
 
 async def require_user(user_id: int) -> None:
-    """Raise `NotFound` unless the user exists (locking it against deletion meanwhile)."""
-    if not await db.conn().fetchval("SELECT 1 FROM users WHERE id = $1 FOR SHARE", user_id):
+    """Raise `NotFound` unless the user exists (users are never deleted)."""
+    if not await db.conn().fetchval("SELECT 1 FROM users WHERE id = $1", user_id):
         raise NotFound("no such user", user_id=user_id)

@@ -1,0 +1,200 @@
+"""Fixtures of the HTTP API tests: a real webhook receiver, a worker with the app's handlers,
+a TCP proxy in front of PostgreSQL (to cut the database off for real), and small helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from http import HTTPStatus
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
+
+import httpx
+import pytest
+from freezegun import freeze_time
+
+from jobq.config import Settings
+from jobq.queue import Worker, registry
+
+# -- a real HTTP receiver for webhooks -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Received:
+    """One request the receiver got: header names are lower-case; `body` is the raw bytes."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class Receiver:
+    """A minimal HTTP/1.1 server on 127.0.0.1 (ephemeral port) that records every request and
+    answers `status` with an empty body, closing the connection after each answer."""
+
+    status: int = 200
+    requests: list[Received] = field(default_factory=list)
+    port: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            request_line, *lines = head.decode("latin-1").split("\r\n")
+            method, path, _ = request_line.split(" ", 2)
+            headers: dict[str, str] = {}
+            for line in lines:
+                if line:
+                    name, _, value = line.partition(":")
+                    headers[name.strip().lower()] = value.strip()
+            body = await reader.readexactly(int(headers.get("content-length", "0")))
+            self.requests.append(Received(method, path, headers, body))
+            reason = HTTPStatus(self.status).phrase
+            writer.write(
+                f"HTTP/1.1 {self.status} {reason}\r\n"
+                "Content-Length: 0\r\nConnection: close\r\n\r\n".encode()
+            )
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    """A started webhook receiver; see `Receiver`."""
+    rec = Receiver()
+    server = await asyncio.start_server(rec.handle, "127.0.0.1", 0)
+    rec.port = server.sockets[0].getsockname()[1]
+    yield rec
+    server.close()
+    await server.wait_closed()
+
+
+# -- running the app's jobs ------------------------------------------------------------------------
+
+RunJobs = Callable[..., Awaitable[int]]
+
+
+@pytest.fixture
+async def run_jobs(
+    settings: Settings, make_worker: Callable[..., Awaitable[Worker]]
+) -> AsyncIterator[RunJobs]:
+    """`await run_jobs(at=None)`: one worker with the app's handlers and state claims the jobs
+    ripe at `at` (the clock frozen there; default: now), runs them to their recorded outcome,
+    and returns how many it claimed."""
+    async with httpx.AsyncClient(
+        timeout=settings.webhook_timeout.total_seconds(), follow_redirects=False
+    ) as http:
+        worker = await make_worker(registry, state={"settings": settings, "http": http})
+
+        async def run(at: datetime | None = None) -> int:
+            if at is None:
+                claimed = await worker.run_once()
+                await worker.wait_idle()
+                return claimed
+            with freeze_time(at, real_asyncio=True):
+                claimed = await worker.run_once()
+                await worker.wait_idle()
+            return claimed
+
+        yield run
+
+
+# -- a TCP proxy in front of PostgreSQL, to cut the database off --------------------------------
+
+
+class DatabaseProxy:
+    """Forwards TCP connections on 127.0.0.1 to the PostgreSQL server of `dsn` (TCP or Unix
+    socket). `stop()` closes the listener and every forwarded connection (the database becomes
+    unreachable: connections are refused); `start()` listens again on the same port."""
+
+    def __init__(self, dsn: str) -> None:
+        self.target = dsn
+        parts = urlsplit(dsn)
+        query = parse_qs(parts.query)
+        socket_dir = query.get("host", [parts.hostname or ""])[0]
+        self.upstream_port = parts.port or 5432
+        self.unix_path = (
+            f"{socket_dir}/.s.PGSQL.{self.upstream_port}" if socket_dir.startswith("/") else None
+        )
+        self.upstream_host = parts.hostname or "127.0.0.1"
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def dsn(self) -> str:
+        """The DSN that reaches the target database through this proxy."""
+        parts = urlsplit(self.target)
+        query = {k: v for k, v in parse_qs(parts.query).items() if k != "host"}
+        user = parts.username or "postgres"
+        auth = f"{user}:{parts.password}@" if parts.password else f"{user}@"
+        return urlunsplit(
+            parts._replace(netloc=f"{auth}127.0.0.1:{self.port}", query=urlencode(query, True))
+        )
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        for writer in list(self._writers):
+            writer.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.unix_path is not None:
+            up_reader, up_writer = await asyncio.open_unix_connection(self.unix_path)
+        else:
+            up_reader, up_writer = await asyncio.open_connection(
+                self.upstream_host, self.upstream_port
+            )
+        self._writers.update((writer, up_writer))
+        pipes = [
+            asyncio.create_task(self._pipe(reader, up_writer)),
+            asyncio.create_task(self._pipe(up_reader, writer)),
+        ]
+        self._tasks.update(pipes)
+        try:
+            await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in pipes:
+                task.cancel()
+                self._tasks.discard(task)
+            for w in (writer, up_writer):
+                w.close()
+                self._writers.discard(w)
+
+    @staticmethod
+    async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, OSError):
+            while data := await source.read(65536):
+                sink.write(data)
+                await sink.drain()
+
+
+@pytest.fixture
+async def db_proxy(database_url: str) -> AsyncIterator[DatabaseProxy]:
+    """A started `DatabaseProxy` to the test database."""
+    proxy = DatabaseProxy(database_url)
+    await proxy.start()
+    yield proxy
+    await proxy.stop()

@@ -1,0 +1,172 @@
+"""GET /jobs/stats, GET /health (also with the database really cut off), the OpenAPI document."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+from pydantic import BaseModel
+from quart.typing import TestClientProtocol as Client
+
+from jobq import db
+from jobq.app import create_app
+from jobq.db import Connection, Database
+from jobq.errors import DontRetry
+from jobq.queue import Job, JobContext, Registry, Worker, enqueue
+from tests.api.conftest import DatabaseProxy
+from tests.api.helpers import assert_error, create_reminder, create_user
+from tests.conftest import make_settings
+
+
+class NoArgs(BaseModel):
+    pass
+
+
+async def test_job_stats_counts_per_job_type(
+    client: Client, conn: Connection, make_worker: Callable[..., Awaitable[Worker]]
+) -> None:
+    release = asyncio.Event()
+    handlers = Registry()
+
+    @handlers.handler("beta.block", args=NoArgs)
+    async def block(args: NoArgs, job: JobContext) -> None:
+        await release.wait()
+
+    @handlers.handler("beta.bad", args=NoArgs)
+    async def bad(args: NoArgs, job: JobContext) -> None:
+        raise DontRetry("bad input")
+
+    worker = await make_worker(handlers)
+    # beta: one dead, one running
+    await enqueue(Job(job_type="beta.bad"))
+    assert await worker.run_once() == 1
+    await worker.wait_idle()
+    await enqueue(Job(job_type="beta.block"))
+    assert await worker.run_once() == 1
+    # alpha: two ripe, one scheduled; send_reminder: two scheduled; render_export: one ripe
+    await enqueue(Job(job_type="alpha", arguments={"n": 1}))
+    await enqueue(Job(job_type="alpha", arguments={"n": 2}))
+    await enqueue(Job(job_type="alpha", arguments={"n": 3}).runs_in(hours=1))
+    user = await create_user(client)
+    await create_reminder(client, user["id"], message="one", remind_in_seconds=600)
+    await create_reminder(client, user["id"], message="two", remind_in_seconds=900)
+    assert (await client.post(f"/users/{user['id']}/exports")).status_code == 202
+    assert await conn.fetchval("SELECT count(*) FROM job_running") == 1
+    assert await conn.fetchval("SELECT count(*) FROM job_dead") == 1
+
+    try:
+        response = await client.get("/jobs/stats")
+    finally:
+        release.set()
+        await worker.wait_idle()
+    assert response.status_code == 200
+    body = await response.get_json()
+    row = {"ripe": 0, "scheduled": 0, "running": 0, "dead": 0}
+    assert body["job_types"] == [
+        {**row, "job_type": "alpha", "ripe": 2, "scheduled": 1},
+        {**row, "job_type": "beta.bad", "dead": 1},
+        {**row, "job_type": "beta.block", "running": 1},
+        {**row, "job_type": "render_export", "ripe": 1},
+        {**row, "job_type": "send_reminder", "scheduled": 2},
+    ]
+    assert body["totals"] == {"job_type": "*", "ripe": 3, "scheduled": 3, "running": 1, "dead": 1}
+
+    # the blocked job finished: it is no longer counted
+    after = await (await client.get("/jobs/stats")).get_json()
+    assert "beta.block" not in [r["job_type"] for r in after["job_types"]]
+    assert after["totals"]["running"] == 0
+
+
+async def test_job_stats_of_an_empty_queue(client: Client) -> None:
+    response = await client.get("/jobs/stats")
+    assert response.status_code == 200
+    assert await response.get_json() == {
+        "job_types": [],
+        "totals": {"job_type": "*", "ripe": 0, "scheduled": 0, "running": 0, "dead": 0},
+    }
+
+
+async def test_health_ok(client: Client) -> None:
+    response = await client.get("/health")
+    assert response.status_code == 200
+    assert await response.get_json() == {"status": "ok", "database": "ok"}
+
+
+@pytest.fixture
+async def proxied_client(db_proxy: DatabaseProxy, database: Database) -> AsyncIterator[Client]:
+    """A client of an app whose database connections all go through `db_proxy`."""
+    app = create_app(make_settings(db_proxy.dsn, min_pool_size=1, max_pool_size=4))
+    async with app.test_app() as test_app:
+        yield test_app.test_client()
+    db.bind(database)
+
+
+async def test_health_is_503_while_the_database_is_unreachable(
+    proxied_client: Client, db_proxy: DatabaseProxy
+) -> None:
+    client = proxied_client
+    assert (await client.get("/health")).status_code == 200
+
+    await db_proxy.stop()  # every connection cut, new ones refused
+    response = await client.get("/health")
+    assert response.status_code == 503
+    assert response.content_type == "application/json"
+    assert_error(await response.get_json(), "database_unavailable")
+
+    await db_proxy.start()  # the database is back: so is the service, without a restart
+    response = await client.get("/health")
+    assert response.status_code == 200
+    assert await response.get_json() == {"status": "ok", "database": "ok"}
+
+
+async def test_requests_are_503_while_the_database_is_unreachable(
+    proxied_client: Client, db_proxy: DatabaseProxy, conn: Connection
+) -> None:
+    client = proxied_client
+    user = await create_user(client)
+    await db_proxy.stop()
+    for response in [
+        await client.get(f"/users/{user['id']}"),
+        await client.post("/users", json={"name": "Bob", "email": "bob@example.com"}),
+        await client.get("/jobs/stats"),
+    ]:
+        assert response.status_code == 503
+        assert_error(await response.get_json(), "database_unavailable")
+    assert await conn.fetchval("SELECT count(*) FROM users") == 1
+    await db_proxy.start()
+    assert (await client.get(f"/users/{user['id']}")).status_code == 200
+
+
+async def test_openapi_lists_the_endpoints(client: Client) -> None:
+    response = await client.get("/openapi.json")
+    assert response.status_code == 200
+    spec = await response.get_json()
+    assert spec["info"]["title"] == "jobq"
+    paths = {path: set(item) for path, item in spec["paths"].items()}
+    expected = {
+        "/users": {"post"},
+        "/users/{user_id}": {"get"},
+        "/users/{user_id}/reminders": {"get", "post"},
+        "/users/{user_id}/exports": {"post"},
+        "/reminders/{reminder_id}": {"get", "delete"},
+        "/exports/{export_id}": {"get"},
+        "/exports/{export_id}.ics": {"get"},
+        "/jobs/stats": {"get"},
+        "/health": {"get"},
+    }
+    for path, methods in expected.items():
+        assert path in paths, sorted(paths)
+        assert methods <= paths[path], (path, paths[path])
+    post_users = spec["paths"]["/users"]["post"]
+    assert "requestBody" in post_users
+    assert "201" in post_users["responses"]
+    assert "201" in spec["paths"]["/users/{user_id}/reminders"]["post"]["responses"]
+    assert "202" in spec["paths"]["/users/{user_id}/exports"]["post"]["responses"]
+
+
+async def test_docs_page(client: Client) -> None:
+    response = await client.get("/docs")
+    assert response.status_code == 200
+    assert response.mimetype == "text/html"
+    assert "openapi.json" in await response.get_data(as_text=True)

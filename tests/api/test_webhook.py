@@ -1,0 +1,225 @@
+"""Delivery of due reminders by a worker running the app's `send_reminder` handler, to a real
+HTTP receiver on 127.0.0.1: signed JSON, retries with backoff, the dead letter, exactly one
+`sent` mark."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import socket
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from freezegun import freeze_time
+from quart.typing import TestClientProtocol as Client
+
+from jobq.config import Settings
+from jobq.db import Connection
+from jobq.queue import Job, enqueue
+from jobq.queue.model import DEFAULT_MAX_RETRIES
+from tests.api.conftest import Receiver, RunJobs
+from tests.api.helpers import JSON, create_reminder, create_user
+
+T0 = datetime(2031, 3, 4, 10, 0, tzinfo=UTC)
+DUE = T0 + timedelta(seconds=60)
+
+
+def signature(settings: Settings, body: bytes) -> str:
+    secret = settings.webhook_secret.get_secret_value().encode()
+    return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+
+
+async def schedule(client: Client, webhook_url: str | None, message: str = "Call Bob") -> JSON:
+    """A user (with `webhook_url`) and a reminder due at `DUE`, created at `T0`."""
+    extra = {} if webhook_url is None else {"webhook_url": webhook_url}
+    with freeze_time(T0, real_asyncio=True):
+        user = await create_user(client, **extra)
+        return await create_reminder(client, user["id"], message=message, remind_in_seconds=60)
+
+
+async def get_reminder(client: Client, reminder_id: int) -> JSON:
+    response = await client.get(f"/reminders/{reminder_id}")
+    assert response.status_code == 200
+    body: JSON = await response.get_json()
+    return body
+
+
+async def test_due_reminder_is_posted_signed_and_marked_sent(
+    client: Client, conn: Connection, run_jobs: RunJobs, receiver: Receiver, settings: Settings
+) -> None:
+    reminder = await schedule(client, receiver.url, message="Call Bob — ☎ «now»")
+
+    # not due yet: nothing is claimed, nothing is sent
+    assert await run_jobs(at=DUE - timedelta(seconds=1)) == 0
+    assert receiver.requests == []
+
+    assert await run_jobs(at=DUE + timedelta(seconds=5)) == 1
+    assert len(receiver.requests) == 1
+    request = receiver.requests[0]
+    assert request.method == "POST"
+    assert request.path == "/hook"
+    assert request.headers["content-type"] == "application/json"
+    assert request.headers["x-jobq-signature"] == signature(settings, request.body)
+    payload = json.loads(request.body)
+    assert payload["reminder_id"] == reminder["id"]
+    assert payload["user_id"] == reminder["user_id"]
+    assert payload["message"] == "Call Bob — ☎ «now»"
+    assert datetime.fromisoformat(payload["remind_at"]) == DUE
+    assert payload["attempt"] == 1
+
+    sent = await get_reminder(client, reminder["id"])
+    assert sent["status"] == "sent"
+    assert datetime.fromisoformat(sent["sent_at"]) == DUE + timedelta(seconds=5)
+    assert sent["attempts"] == 1
+    assert sent["last_error"] is None
+    for table in ("job", "job_running", "job_dead"):
+        assert await conn.fetchval(f"SELECT count(*) FROM {table}") == 0
+
+
+async def test_signature_is_over_the_exact_body_with_the_secret(
+    client: Client, run_jobs: RunJobs, receiver: Receiver, settings: Settings
+) -> None:
+    await schedule(client, receiver.url)
+    await run_jobs(at=DUE)
+    (request,) = receiver.requests
+    wrong_secret = "sha256=" + hmac.new(b"other", request.body, hashlib.sha256).hexdigest()
+    assert request.headers["x-jobq-signature"] != wrong_secret
+    assert request.headers["x-jobq-signature"] != signature(settings, request.body + b" ")
+    assert request.headers["x-jobq-signature"] == signature(settings, request.body)
+
+
+async def test_failed_delivery_is_retried_with_backoff_then_fails(
+    client: Client, conn: Connection, run_jobs: RunJobs, receiver: Receiver
+) -> None:
+    receiver.status = 500
+    reminder = await schedule(client, receiver.url)
+
+    at = DUE
+    assert await run_jobs(at=at) == 1
+    assert len(receiver.requests) == 1
+    failed = await get_reminder(client, reminder["id"])
+    assert failed["status"] == "scheduled"
+    assert failed["attempts"] == 1
+    assert failed["sent_at"] is None
+    assert "500" in failed["last_error"]
+    job = await conn.fetchrow("SELECT * FROM job WHERE id = $1", reminder["job_id"])
+    assert job is not None
+    assert job["attempts"] == 1
+    assert job["ripe_at"] > at
+    assert job["arguments"] == {"reminder_id": reminder["id"]}
+
+    # not ripe again before its backoff is over
+    assert await run_jobs(at=at) == 0
+    for attempt in range(2, DEFAULT_MAX_RETRIES + 2):
+        ripe_at = await conn.fetchval("SELECT ripe_at FROM job WHERE id = $1", reminder["job_id"])
+        assert ripe_at > at
+        at = ripe_at
+        assert await run_jobs(at=at) == 1
+        assert len(receiver.requests) == attempt
+        assert json.loads(receiver.requests[-1].body)["attempt"] == attempt
+
+    dead = await get_reminder(client, reminder["id"])
+    assert dead["status"] == "failed"
+    assert dead["attempts"] == DEFAULT_MAX_RETRIES + 1
+    assert dead["sent_at"] is None
+    assert "500" in dead["last_error"]
+    assert await conn.fetchval("SELECT count(*) FROM job") == 0
+    row = await conn.fetchrow("SELECT * FROM job_dead WHERE id = $1", reminder["job_id"])
+    assert row is not None
+    assert row["attempts"] == DEFAULT_MAX_RETRIES + 1
+    # the dead letter is not retried
+    assert await run_jobs(at=at + timedelta(days=1)) == 0
+    assert len(receiver.requests) == DEFAULT_MAX_RETRIES + 1
+
+
+async def test_failed_delivery_then_success(
+    client: Client, run_jobs: RunJobs, receiver: Receiver, conn: Connection
+) -> None:
+    receiver.status = 503
+    reminder = await schedule(client, receiver.url)
+    await run_jobs(at=DUE)
+    receiver.status = 204
+    ripe_at = await conn.fetchval("SELECT ripe_at FROM job WHERE id = $1", reminder["job_id"])
+    assert await run_jobs(at=ripe_at) == 1
+    sent = await get_reminder(client, reminder["id"])
+    assert sent["status"] == "sent"
+    assert sent["attempts"] == 2
+    assert datetime.fromisoformat(sent["sent_at"]) == ripe_at
+    assert [json.loads(r.body)["attempt"] for r in receiver.requests] == [1, 2]
+
+
+async def test_unreachable_webhook_is_a_failed_attempt(
+    client: Client, run_jobs: RunJobs, receiver: Receiver
+) -> None:
+    # a port that is bound but not listening: the connection is refused
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        reminder = await schedule(client, f"http://127.0.0.1:{port}/hook")
+        assert await run_jobs(at=DUE) == 1
+    failed = await get_reminder(client, reminder["id"])
+    assert failed["status"] == "scheduled"
+    assert failed["attempts"] == 1
+    assert failed["last_error"]
+    assert receiver.requests == []
+
+
+async def test_job_that_runs_twice_marks_sent_once(
+    client: Client, conn: Connection, run_jobs: RunJobs, receiver: Receiver
+) -> None:
+    reminder = await schedule(client, receiver.url)
+    assert await run_jobs(at=DUE) == 1
+    first = await get_reminder(client, reminder["id"])
+    assert first["status"] == "sent"
+
+    # the same job once more (a re-run after a lost acknowledgement looks like this)
+    again = await enqueue(Job(job_type="send_reminder", arguments={"reminder_id": reminder["id"]}))
+    assert not again.duplicate
+    assert await run_jobs(at=DUE + timedelta(hours=1)) == 1
+    assert len(receiver.requests) == 1  # not delivered twice
+    second = await get_reminder(client, reminder["id"])
+    assert second["sent_at"] == first["sent_at"]
+    assert second["attempts"] == 1
+    assert second["status"] == "sent"
+    assert await conn.fetchval("SELECT count(*) FROM job") == 0
+
+
+async def test_reminder_without_webhook_is_logged_and_sent(
+    client: Client, run_jobs: RunJobs, receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="jobq.jobs.reminders")
+    reminder = await schedule(client, None, message="Feed the cat")
+    assert await run_jobs(at=DUE) == 1
+    sent = await get_reminder(client, reminder["id"])
+    assert sent["status"] == "sent"
+    assert sent["attempts"] == 1
+    assert datetime.fromisoformat(sent["sent_at"]) == DUE
+    logged = [r.getMessage() for r in caplog.records if r.name == "jobq.jobs.reminders"]
+    assert any("Feed the cat" in m and str(reminder["id"]) in m for m in logged), logged
+    assert receiver.requests == []
+
+
+async def test_deleted_reminder_is_not_delivered(
+    client: Client, conn: Connection, run_jobs: RunJobs, receiver: Receiver
+) -> None:
+    reminder = await schedule(client, receiver.url)
+    assert (await client.delete(f"/reminders/{reminder['id']}")).status_code == 204
+    assert await run_jobs(at=DUE) == 0
+    assert receiver.requests == []
+
+
+async def test_delete_failed_reminder_removes_its_dead_job(
+    client: Client, conn: Connection, run_jobs: RunJobs, receiver: Receiver
+) -> None:
+    receiver.status = 500
+    reminder = await schedule(client, receiver.url)
+    await conn.execute("UPDATE job SET max_retries = 0 WHERE id = $1", reminder["job_id"])
+    await run_jobs(at=DUE)
+    assert (await get_reminder(client, reminder["id"]))["status"] == "failed"
+    assert await conn.fetchval("SELECT count(*) FROM job_dead") == 1
+    response = await client.delete(f"/reminders/{reminder['id']}")
+    assert response.status_code == 204
+    assert await conn.fetchval("SELECT count(*) FROM job_dead") == 0
+    assert await conn.fetchval("SELECT count(*) FROM reminders") == 0
