@@ -6,6 +6,7 @@ else the embedded server in `.pgdata/`. Settings never read the developer's `.en
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,6 +24,7 @@ from jobq.config import PROJECT_ROOT, Settings
 from jobq.db import Connection, Database
 from jobq.migrate import migrate
 from jobq.queue import Registry, Worker
+from tests.webhook_receiver import Receiver
 
 TABLES = "job, job_running, job_dead, worker, users, reminders, exports"
 
@@ -131,6 +133,17 @@ async def make_worker(
     yield make
     for worker in started:
         await worker.abort()
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    """A started webhook receiver on 127.0.0.1 (see `tests.webhook_receiver`)."""
+    rec = Receiver()
+    server = await asyncio.start_server(rec.handle, "127.0.0.1", 0)
+    rec.port = server.sockets[0].getsockname()[1]
+    yield rec
+    server.close()
+    await server.wait_closed()
 
 
 @pytest.fixture

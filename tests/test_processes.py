@@ -24,8 +24,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,6 +37,7 @@ import pytest
 from jobq.config import PROJECT_ROOT
 from jobq.db import Connection, Database
 from jobq.queue import Enqueued, Job, enqueue
+from tests.webhook_receiver import Receiver
 
 pytestmark = pytest.mark.slow
 
@@ -374,51 +375,6 @@ async def test_stop_past_the_drain_timeout_requeues_the_job_uncharged(
 # -- the server -------------------------------------------------------------------------------
 
 
-@dataclass
-class Delivery:
-    """A request the webhook receiver got."""
-
-    received_at: datetime
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: bytes
-
-
-@dataclass
-class Receiver:
-    """A real HTTP server on 127.0.0.1 that records requests and answers 200."""
-
-    deliveries: asyncio.Queue[Delivery] = field(default_factory=asyncio.Queue)
-    port: int = 0
-
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request_line = (await reader.readline()).decode("latin-1")
-            headers: dict[str, str] = {}
-            while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
-                name, _, value = line.decode("latin-1").partition(":")
-                headers[name.strip().lower()] = value.strip()
-            body = await reader.readexactly(int(headers.get("content-length", "0")))
-            received_at = datetime.now(UTC)
-            method, path, _ = request_line.split(" ", 2)
-            self.deliveries.put_nowait(Delivery(received_at, method, path, headers, body))
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-            await writer.drain()
-        finally:
-            writer.close()
-
-
-@pytest.fixture
-async def receiver() -> AsyncIterator[Receiver]:
-    recorder = Receiver()
-    server = await asyncio.start_server(recorder.handle, "127.0.0.1", 0)
-    recorder.port = server.sockets[0].getsockname()[1]
-    yield recorder
-    server.close()
-    await server.wait_closed()
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -466,7 +422,7 @@ async def test_serve_delivers_a_reminder_to_a_webhook_on_time_and_stops_on_sigte
         reminder: dict[str, Any] = response.json()
         remind_at = datetime.fromisoformat(reminder["remind_at"])
 
-        delivery = await asyncio.wait_for(receiver.deliveries.get(), timeout=2 + 5)
+        (delivery,) = await asyncio.wait_for(receiver.wait_for(1), timeout=2 + 5)
         lateness_s = (delivery.received_at - remind_at).total_seconds()
         print(f"webhook lateness (receipt - remind_at): {lateness_s * 1000:.1f} ms")
         assert (delivery.method, delivery.path) == ("POST", "/hook")
@@ -485,7 +441,7 @@ async def test_serve_delivers_a_reminder_to_a_webhook_on_time_and_stops_on_sigte
             return bool(answer["status"] == "sent")
 
         await eventually(sent, within=5, what="the reminder to be marked sent", running=(server,))
-        assert receiver.deliveries.empty()
+        assert len(receiver.requests) == 1
 
     server.popen.send_signal(signal.SIGTERM)
     assert await exit_code(server, within=15) == 0

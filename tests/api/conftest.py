@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 from datetime import datetime
-from http import HTTPStatus
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 import httpx
@@ -17,69 +15,6 @@ from freezegun import freeze_time
 
 from jobq.config import Settings
 from jobq.queue import Worker, registry
-
-# -- a real HTTP receiver for webhooks -----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Received:
-    """One request the receiver got: header names are lower-case; `body` is the raw bytes."""
-
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: bytes
-
-
-@dataclass
-class Receiver:
-    """A minimal HTTP/1.1 server on 127.0.0.1 (ephemeral port) that records every request and
-    answers `status` with an empty body, closing the connection after each answer."""
-
-    status: int = 200
-    requests: list[Received] = field(default_factory=list)
-    port: int = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/hook"
-
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            request_line, *lines = head.decode("latin-1").split("\r\n")
-            method, path, _ = request_line.split(" ", 2)
-            headers: dict[str, str] = {}
-            for line in lines:
-                if line:
-                    name, _, value = line.partition(":")
-                    headers[name.strip().lower()] = value.strip()
-            body = await reader.readexactly(int(headers.get("content-length", "0")))
-            self.requests.append(Received(method, path, headers, body))
-            reason = HTTPStatus(self.status).phrase
-            writer.write(
-                f"HTTP/1.1 {self.status} {reason}\r\n"
-                "Content-Length: 0\r\nConnection: close\r\n\r\n".encode()
-            )
-            await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
-
-
-@pytest.fixture
-async def receiver() -> AsyncIterator[Receiver]:
-    """A started webhook receiver; see `Receiver`."""
-    rec = Receiver()
-    server = await asyncio.start_server(rec.handle, "127.0.0.1", 0)
-    rec.port = server.sockets[0].getsockname()[1]
-    yield rec
-    server.close()
-    await server.wait_closed()
-
 
 # -- running the app's jobs ------------------------------------------------------------------------
 

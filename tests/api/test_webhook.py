@@ -19,8 +19,9 @@ from jobq.config import Settings
 from jobq.db import Connection
 from jobq.queue import Job, enqueue
 from jobq.queue.model import DEFAULT_MAX_RETRIES
-from tests.api.conftest import Receiver, RunJobs
+from tests.api.conftest import RunJobs
 from tests.api.helpers import JSON, create_reminder, create_user
+from tests.webhook_receiver import Receiver
 
 T0 = datetime(2031, 3, 4, 10, 0, tzinfo=UTC)
 DUE = T0 + timedelta(seconds=60)
