@@ -27,7 +27,9 @@ async def serve(settings: Settings) -> None:
 
     config = Config()
     config.bind = [f"{settings.http_host}:{settings.http_port}"]
-    config.accesslog = "-"
+    # Hypercorn's loggers propagate to ours: one format, no duplicated lines.
+    config.accesslog = logging.getLogger("hypercorn.access")
+    config.errorlog = logging.getLogger("hypercorn.error")
     config.shutdown_timeout = settings.drain_timeout.total_seconds() + 10
     stop = asyncio.Event()
     _signals(stop)
@@ -71,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("pgserver").setLevel(logging.WARNING)  # its INFO is initdb chatter
     if command == "db-stop":
         from jobq import embedded
 
@@ -79,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     runner = {"serve": serve, "worker": work, "migrate": migrate}[command]
     asyncio.run(runner(settings))
+    if settings.database_url is None:
+        logging.getLogger("jobq").info("embedded PostgreSQL left running (make db-stop stops it)")
     return 0
 
 

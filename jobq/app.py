@@ -49,7 +49,7 @@ DATABASE_DOWN = (
 def error_body(code: str, detail: Any, status: int) -> Response:
     """The JSON error every failure answers with: `{"error": code, "detail": detail}`."""
     return Response(
-        json.dumps({"error": code, "detail": detail}, default=str),
+        json.dumps({"detail": detail, "error": code}, default=str, separators=(",", ":")) + "\n",
         status=status,
         content_type="application/json",
     )

@@ -48,7 +48,9 @@ def stop(pgdata_dir: Path) -> bool:
     """Stop the embedded server in `pgdata_dir`. Return False when it was not running."""
     if not (pgdata_dir / "postmaster.pid").exists():
         return False
-    from pgserver._commands import pg_ctl  # type: ignore[attr-defined]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # see start()
+        from pgserver._commands import pg_ctl  # type: ignore[attr-defined]
 
     owner = pgdata_dir.owner()
     user = None if owner == _whoami() else owner

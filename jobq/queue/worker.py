@@ -416,12 +416,13 @@ class Worker:
                 await asyncio.gather(thread, return_exceptions=True)
             return "fail", f"timed out after {limit:g}s"
         except Exception as exc:
-            log.info(
-                "job %s (%s) attempt %d failed",
+            log.warning(
+                "job %s (%s) attempt %d failed: %s",
                 job.id,
                 job.job_type,
                 context.attempt,
-                exc_info=True,
+                describe(exc),
+                exc_info=log.isEnabledFor(logging.DEBUG),
             )
             return "fail", describe(exc)
         finally:
