@@ -82,7 +82,6 @@ class Transaction:
     conn: Connection
     readonly: bool
     after_commit: list[Callable[[], None]] = field(default_factory=list)
-    notified: set[str] = field(default_factory=set)
 
 
 _database: ContextVar[Database | None] = ContextVar("jobq_database", default=None)

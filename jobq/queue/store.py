@@ -7,7 +7,6 @@ worker's operations take an explicit connection and run as single autocommit sta
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -29,8 +28,7 @@ def _wake_local_workers() -> None:
 
 def _after_commit_wake() -> None:
     tx = current_transaction()
-    if tx is not None and "wake" not in tx.notified:
-        tx.notified.add("wake")
+    if tx is not None and _wake_local_workers not in tx.after_commit:
         tx.after_commit.append(_wake_local_workers)
 
 
@@ -91,11 +89,6 @@ async def enqueue_many(jobs: Iterable[Job]) -> list[int]:
     return [r["id"] for r in rows]
 
 
-def _arguments(value: Any) -> dict[str, Any]:
-    decoded = json.loads(value) if isinstance(value, str) else value
-    return decoded if isinstance(decoded, dict) else {}
-
-
 async def claim(
     conn: Connection, *, worker_id: int, max_jobs: int, now: datetime, lease_expires_at: datetime
 ) -> list[ClaimedJob]:
@@ -107,7 +100,7 @@ async def claim(
         ClaimedJob(
             id=r["id"],
             job_type=r["job_type"],
-            arguments=_arguments(r["arguments"]),
+            arguments=r["arguments"],
             attempts=r["attempts"],
             max_retries=r["max_retries"],
             token=r["token"],

@@ -42,6 +42,7 @@ from jobq.queue.registry import Registry, registry
 log = logging.getLogger("jobq.worker")
 
 Outcome = tuple[Literal["complete", "fail", "bury"], str | None]
+"""What an attempt came to, and its error."""
 
 MAX_ERROR_CHARS = 2000
 
@@ -364,9 +365,7 @@ class Worker:
                 what,
             )
 
-    async def _attempt(
-        self, job: ClaimedJob
-    ) -> tuple[Literal["complete", "fail", "bury"], str | None]:
+    async def _attempt(self, job: ClaimedJob) -> Outcome:
         spec = self.handlers.get(job.job_type)
         if spec is None:
             return "bury", f"no handler for job_type {job.job_type!r}"
