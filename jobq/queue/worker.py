@@ -10,6 +10,8 @@ are rescued too. Every outcome names the job's fencing token, so a stale worker 
 Wake-ups: a notification, an in-process event after an enqueue commits here, a slot freed,
 the timer at the next `ripe_at`, the poll interval (the safety net), and stop.
 
+How one job runs and its outcome is recorded is `jobq.queue.executor`'s part.
+
 Every background service has one shape: `run_once()` does one round and returns a count;
 `run(stop)` loops on it. Here: `run_once` (claim), `heartbeat`, `rescue`.
 """
@@ -23,34 +25,20 @@ import os
 import socket
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any
 
 import asyncpg
-from pydantic import ValidationError
 
 from jobq import clock, db
 from jobq.config import Settings
-from jobq.db import Connection, Database
-from jobq.errors import DontRetry
+from jobq.db import Database
 from jobq.queue import sql, store
-from jobq.queue.backoff import next_ripe_at
-from jobq.queue.model import ClaimedJob, JobContext
+from jobq.queue.executor import Executor, describe
+from jobq.queue.model import ClaimedJob
 from jobq.queue.registry import Registry, registry
 
 log = logging.getLogger("jobq.worker")
-
-Outcome = tuple[Literal["complete", "fail", "bury"], str | None]
-"""What an attempt came to, and its error."""
-
-MAX_ERROR_CHARS = 2000
-
-
-def describe(exc: BaseException) -> str:
-    """Return `Type: message` of an exception, cut to `MAX_ERROR_CHARS`."""
-    text = f"{type(exc).__name__}: {exc}".rstrip(": ")
-    return text[:MAX_ERROR_CHARS]
 
 
 class Worker:
@@ -80,10 +68,9 @@ class Worker:
         self._stopping = asyncio.Event()
         self._claim_lock = asyncio.Lock()
         self._tasks: dict[asyncio.Task[None], ClaimedJob] = {}
-        self._in_handler: set[asyncio.Task[None]] = set()
         self._held: set[int] = set()
-        self._executor: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.executor = Executor(database, settings, handlers, self.state, self.counts)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -93,10 +80,9 @@ class Worker:
         Raises: `OSError` / `asyncpg.PostgresError` when the database cannot be reached.
         """
         self._loop = asyncio.get_running_loop()
-        self._executor = ThreadPoolExecutor(
-            self.settings.max_threads, thread_name_prefix="jobq-sync"
-        )
         await self._connect()
+        assert self.id is not None
+        self.executor.open(self.id)
         store.wakeups.add(self._wake)
         log.info(
             "worker %s started: %d slots, %d threads",
@@ -232,12 +218,11 @@ class Worker:
         self._stopping.set()
         self._wake.set()
         for task in list(self._tasks):
-            if task in self._in_handler:
+            if task in self.executor.in_handler:
                 task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         store.wakeups.discard(self._wake)
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        self.executor.close()
         if self.id is not None:
             try:
                 async with self.database.pool.acquire() as conn:
@@ -308,7 +293,7 @@ class Worker:
         assert self._loop is not None
         context = contextvars.Context()  # a clean context: never a request's connection
         context.run(db.bind, self.database)
-        task = self._loop.create_task(self._execute(job), context=context)
+        task = self._loop.create_task(self.executor.execute(job), context=context)
         self._tasks[task] = job
         self._held.add(job.token)
         task.add_done_callback(self._on_done)
@@ -320,130 +305,3 @@ class Worker:
         self._wake.set()
         if not task.cancelled() and task.exception() is not None:
             log.error("job task crashed", exc_info=task.exception())
-
-    async def _execute(self, job: ClaimedJob) -> None:
-        try:
-            kind, error = await self._attempt(job)
-        except asyncio.CancelledError:
-            ok = await self._record(lambda c: store.release(c, job.token, now=clock.now()))
-            self._count("released", ok, job)
-            raise
-        if kind == "complete":
-            ok = await self._record(lambda c: store.complete(c, [job.token]))
-            self._count("completed", ok, job)
-            return
-        assert error is not None
-        if kind == "fail" and job.attempts < job.max_retries:
-            ripe_at = next_ripe_at(
-                job.attempts + 1,
-                clock.now(),
-                base=self.settings.backoff_base,
-                cap=self.settings.backoff_max,
-                jitter=self.settings.backoff_jitter,
-            )
-            ok = await self._record(
-                lambda c: store.retry(c, job.token, ripe_at=ripe_at, error=error)
-            )
-            self._count("retried", ok, job)
-        else:
-            ok = await self._record(
-                lambda c: store.bury(c, job.token, now=clock.now(), error=error)
-            )
-            self._count("buried", ok, job)
-            log.error("job %s (%s) is dead: %s", job.id, job.job_type, error)
-
-    def _count(self, what: str, ok: bool | int | None, job: ClaimedJob) -> None:
-        if ok is None:
-            self.counts["lost_acks"] += 1
-        elif ok:
-            self.counts[what] += 1
-        else:
-            self.counts["rejected"] += 1
-            log.warning(
-                "job %s was rescued from this worker; its outcome (%s) is not recorded",
-                job.id,
-                what,
-            )
-
-    async def _attempt(self, job: ClaimedJob) -> Outcome:
-        spec = self.handlers.get(job.job_type)
-        if spec is None:
-            return "bury", f"no handler for job_type {job.job_type!r}"
-        try:
-            args = spec.args_model.model_validate(job.arguments)
-        except ValidationError as exc:
-            return "bury", f"invalid arguments: {exc}"[:MAX_ERROR_CHARS]
-        assert self._loop is not None
-        assert self.id is not None
-        context = JobContext(
-            id=job.id,
-            job_type=job.job_type,
-            attempt=job.attempts + 1,
-            max_retries=job.max_retries,
-            worker_id=self.id,
-            state=self.state,
-            loop=self._loop,
-        )
-        limit = (spec.timeout or self.settings.job_timeout).total_seconds()
-        task = asyncio.current_task()
-        assert task is not None
-        self._in_handler.add(task)
-        thread: asyncio.Future[None] | None = None
-        try:
-            async with asyncio.timeout(limit) as deadline:
-                if spec.is_async:
-                    await spec.fn(args, context)
-                else:
-                    run = contextvars.copy_context().run
-                    thread = self._loop.run_in_executor(self._executor, run, spec.fn, args, context)
-                    # Shielded: a thread cannot be stopped, so a timeout must not let go of it.
-                    await asyncio.shield(thread)
-        except DontRetry as exc:
-            return "bury", describe(exc)
-        except TimeoutError as exc:
-            if not deadline.expired():
-                return "fail", describe(exc)
-            if thread is not None:
-                # Keep the job (its slot and lease) until the thread returns: no second run
-                # may start while this one lives (guarantee 3).
-                log.warning(
-                    "job %s (%s) passed its %gs timeout in a thread; waiting for it",
-                    job.id,
-                    job.job_type,
-                    limit,
-                )
-                await asyncio.gather(thread, return_exceptions=True)
-            return "fail", f"timed out after {limit:g}s"
-        except Exception as exc:
-            log.warning(
-                "job %s (%s) attempt %d failed: %s",
-                job.id,
-                job.job_type,
-                context.attempt,
-                describe(exc),
-                exc_info=log.isEnabledFor(logging.DEBUG),
-            )
-            return "fail", describe(exc)
-        finally:
-            self._in_handler.discard(task)
-        return "complete", None
-
-    async def _record(self, op: Callable[[Connection], Awaitable[bool | int]]) -> bool | None:
-        """Run an outcome statement, retrying through database trouble for up to one lease.
-        Return its result, or None when it could not be recorded (the job's lease then
-        expires and the rescue returns it to the queue: a re-run, never a loss)."""
-        assert self._loop is not None
-        deadline = self._loop.time() + self.settings.lease.total_seconds()
-        delay = 0.05
-        while True:
-            try:
-                async with self.database.pool.acquire() as conn:
-                    return bool(await op(conn))
-            except Exception as exc:
-                if self._loop.time() + delay > deadline:
-                    log.error(
-                        "could not record a job outcome (%s); its lease will expire", describe(exc)
-                    )
-                    return None
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)

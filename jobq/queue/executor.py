@@ -1,0 +1,206 @@
+"""Running one claimed job: validate its arguments, call its handler (on the event loop, or in
+the thread pool for a plain `def`) under its timeout, and record the outcome — complete, retry
+with backoff, or the dead letter — in one statement fenced by the job's token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from jobq import clock
+from jobq.config import Settings
+from jobq.db import Connection, Database
+from jobq.errors import DontRetry
+from jobq.queue import store
+from jobq.queue.backoff import next_ripe_at
+from jobq.queue.model import ClaimedJob, JobContext
+from jobq.queue.registry import Registry
+
+log = logging.getLogger("jobq.worker")
+
+Outcome = tuple[Literal["complete", "fail", "bury"], str | None]
+"""What an attempt came to, and its error."""
+
+MAX_ERROR_CHARS = 2000
+
+
+def describe(exc: BaseException) -> str:
+    """Return `Type: message` of an exception, cut to `MAX_ERROR_CHARS`."""
+    text = f"{type(exc).__name__}: {exc}".rstrip(": ")
+    return text[:MAX_ERROR_CHARS]
+
+
+class Executor:
+    """Runs the claimed jobs of one worker. `counts` is shared with the worker; `in_handler`
+    holds the tasks whose handler is running (the ones a hard stop cancels)."""
+
+    def __init__(
+        self,
+        database: Database,
+        settings: Settings,
+        handlers: Registry,
+        state: dict[str, Any],
+        counts: Counter[str],
+    ) -> None:
+        self.database = database
+        self.settings = settings
+        self.handlers = handlers
+        self.state = state
+        self.counts = counts
+        self.in_handler: set[asyncio.Task[Any]] = set()
+        self.worker_id = 0
+        self._threads: ThreadPoolExecutor | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def open(self, worker_id: int) -> None:
+        """Start the thread pool (`settings.max_threads`) for jobs of worker `worker_id`."""
+        self.worker_id = worker_id
+        self._loop = asyncio.get_running_loop()
+        self._threads = ThreadPoolExecutor(
+            self.settings.max_threads, thread_name_prefix="jobq-sync"
+        )
+
+    def close(self) -> None:
+        """Stop the thread pool without waiting: a thread cannot be interrupted, and its job
+        has been released already."""
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+
+    async def execute(self, job: ClaimedJob) -> None:
+        """Run one attempt of a claimed job and record its outcome, fenced by its token.
+
+        Cancelled (by `Worker.abort`): the job is released, ripe now, with no attempt charged.
+        """
+        try:
+            kind, error = await self._attempt(job)
+        except asyncio.CancelledError:
+            ok = await self._record(lambda c: store.release(c, job.token, now=clock.now()))
+            self._count("released", ok, job)
+            raise
+        if kind == "complete":
+            ok = await self._record(lambda c: store.complete(c, [job.token]))
+            self._count("completed", ok, job)
+            return
+        assert error is not None
+        if kind == "fail" and job.attempts < job.max_retries:
+            ripe_at = next_ripe_at(
+                job.attempts + 1,
+                clock.now(),
+                base=self.settings.backoff_base,
+                cap=self.settings.backoff_max,
+                jitter=self.settings.backoff_jitter,
+            )
+            ok = await self._record(
+                lambda c: store.retry(c, job.token, ripe_at=ripe_at, error=error)
+            )
+            self._count("retried", ok, job)
+        else:
+            ok = await self._record(
+                lambda c: store.bury(c, job.token, now=clock.now(), error=error)
+            )
+            self._count("buried", ok, job)
+            log.error("job %s (%s) is dead: %s", job.id, job.job_type, error)
+
+    def _count(self, what: str, ok: bool | int | None, job: ClaimedJob) -> None:
+        if ok is None:
+            self.counts["lost_acks"] += 1
+        elif ok:
+            self.counts[what] += 1
+        else:
+            self.counts["rejected"] += 1
+            log.warning(
+                "job %s was rescued from this worker; its outcome (%s) is not recorded",
+                job.id,
+                what,
+            )
+
+    async def _attempt(self, job: ClaimedJob) -> Outcome:
+        spec = self.handlers.get(job.job_type)
+        if spec is None:
+            return "bury", f"no handler for job_type {job.job_type!r}"
+        try:
+            args = spec.args_model.model_validate(job.arguments)
+        except ValidationError as exc:
+            return "bury", f"invalid arguments: {exc}"[:MAX_ERROR_CHARS]
+        assert self._loop is not None
+        assert self.worker_id is not None
+        context = JobContext(
+            id=job.id,
+            job_type=job.job_type,
+            attempt=job.attempts + 1,
+            max_retries=job.max_retries,
+            worker_id=self.worker_id,
+            state=self.state,
+            loop=self._loop,
+        )
+        limit = (spec.timeout or self.settings.job_timeout).total_seconds()
+        task = asyncio.current_task()
+        assert task is not None
+        self.in_handler.add(task)
+        thread: asyncio.Future[None] | None = None
+        try:
+            async with asyncio.timeout(limit) as deadline:
+                if spec.is_async:
+                    await spec.fn(args, context)
+                else:
+                    run = contextvars.copy_context().run
+                    thread = self._loop.run_in_executor(self._threads, run, spec.fn, args, context)
+                    # Shielded: a thread cannot be stopped, so a timeout must not let go of it.
+                    await asyncio.shield(thread)
+        except DontRetry as exc:
+            return "bury", describe(exc)
+        except TimeoutError as exc:
+            if not deadline.expired():
+                return "fail", describe(exc)
+            if thread is not None:
+                # Keep the job (its slot and lease) until the thread returns: no second run
+                # may start while this one lives (guarantee 3).
+                log.warning(
+                    "job %s (%s) passed its %gs timeout in a thread; waiting for it",
+                    job.id,
+                    job.job_type,
+                    limit,
+                )
+                await asyncio.gather(thread, return_exceptions=True)
+            return "fail", f"timed out after {limit:g}s"
+        except Exception as exc:
+            log.warning(
+                "job %s (%s) attempt %d failed: %s",
+                job.id,
+                job.job_type,
+                context.attempt,
+                describe(exc),
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )
+            return "fail", describe(exc)
+        finally:
+            self.in_handler.discard(task)
+        return "complete", None
+
+    async def _record(self, op: Callable[[Connection], Awaitable[bool | int]]) -> bool | None:
+        """Run an outcome statement, retrying through database trouble for up to one lease.
+        Return its result, or None when it could not be recorded (the job's lease then
+        expires and the rescue returns it to the queue: a re-run, never a loss)."""
+        assert self._loop is not None
+        deadline = self._loop.time() + self.settings.lease.total_seconds()
+        delay = 0.05
+        while True:
+            try:
+                async with self.database.pool.acquire() as conn:
+                    return bool(await op(conn))
+            except Exception as exc:
+                if self._loop.time() + delay > deadline:
+                    log.error(
+                        "could not record a job outcome (%s); its lease will expire", describe(exc)
+                    )
+                    return None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
