@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
@@ -41,9 +43,17 @@ async def _init_connection(conn: Connection) -> None:
         )
 
 
+def application_name() -> str:
+    """`jobq/<pid>@<host>`: the `application_name` of every session of this process, so that
+    other workers can tell from `pg_stat_activity` whether it lives (`sql.APPLICATION_NAME`)."""
+    return f"jobq/{os.getpid()}@{socket.gethostname()}"[:63]
+
+
 async def connect(dsn: str) -> asyncpg.Connection[asyncpg.Record]:
     """Open one connection outside the pool (listener, migrations, tests), with the same codecs."""
-    conn: asyncpg.Connection[asyncpg.Record] = await asyncpg.connect(dsn)
+    conn: asyncpg.Connection[asyncpg.Record] = await asyncpg.connect(
+        dsn, server_settings={"application_name": application_name()}
+    )
     await _init_connection(conn)
     return conn
 
@@ -67,6 +77,7 @@ class Database:
             max_size=settings.max_pool_size,
             command_timeout=settings.db_command_timeout.total_seconds(),
             init=_init_connection,
+            server_settings={"application_name": application_name()},
         )
         return cls(pool, dsn)
 

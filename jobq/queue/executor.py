@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -38,9 +39,14 @@ def describe(exc: BaseException) -> str:
     return text[:MAX_ERROR_CHARS]
 
 
+class _TimedOut(Exception):
+    """The attempt passed its time limit."""
+
+
 class Executor:
     """Runs the claimed jobs of one worker. `counts` is shared with the worker; `in_handler`
-    holds the tasks whose handler is running (the ones a hard stop cancels)."""
+    holds the tasks a hard stop may cancel (an async handler running, or a sync one still
+    waiting for a thread)."""
 
     def __init__(
         self,
@@ -77,7 +83,8 @@ class Executor:
     async def execute(self, job: ClaimedJob) -> None:
         """Run one attempt of a claimed job and record its outcome, fenced by its token.
 
-        Cancelled (by `Worker.abort`): the job is released, ripe now, with no attempt charged.
+        Cancelled (by `Worker.abort`, while an async handler runs or a sync one waits for a
+        thread): the job is released, ripe now, with no attempt charged.
         """
         try:
             kind, error = await self._attempt(job)
@@ -99,7 +106,7 @@ class Executor:
                 jitter=self.settings.backoff_jitter,
             )
             ok = await self._record(
-                lambda c: store.retry(c, job.token, ripe_at=ripe_at, error=error)
+                lambda c: store.retry(c, job.token, ripe_at=ripe_at, error=error, now=clock.now())
             )
             self._count("retried", ok, job)
         else:
@@ -142,34 +149,14 @@ class Executor:
             loop=self._loop,
         )
         limit = (spec.timeout or self.settings.job_timeout).total_seconds()
-        task = asyncio.current_task()
-        assert task is not None
-        self.in_handler.add(task)
-        thread: asyncio.Future[None] | None = None
         try:
-            async with asyncio.timeout(limit) as deadline:
-                if spec.is_async:
-                    await spec.fn(args, context)
-                else:
-                    run = contextvars.copy_context().run
-                    thread = self._loop.run_in_executor(self._threads, run, spec.fn, args, context)
-                    # Shielded: a thread cannot be stopped, so a timeout must not let go of it.
-                    await asyncio.shield(thread)
+            if spec.is_async:
+                await self._run_on_loop(spec.fn, args, context, limit)
+            else:
+                await self._run_in_thread(spec.fn, args, context, limit)
         except DontRetry as exc:
             return "bury", describe(exc)
-        except TimeoutError as exc:
-            if not deadline.expired():
-                return "fail", describe(exc)
-            if thread is not None:
-                # Keep the job (its slot and lease) until the thread returns: no second run
-                # may start while this one lives (guarantee 3).
-                log.warning(
-                    "job %s (%s) passed its %gs timeout in a thread; waiting for it",
-                    job.id,
-                    job.job_type,
-                    limit,
-                )
-                await asyncio.gather(thread, return_exceptions=True)
+        except _TimedOut:
             return "fail", f"timed out after {limit:g}s"
         except Exception as exc:
             log.warning(
@@ -181,9 +168,80 @@ class Executor:
                 exc_info=log.isEnabledFor(logging.DEBUG),
             )
             return "fail", describe(exc)
+        return "complete", None
+
+    async def _run_on_loop(
+        self, fn: Callable[..., Any], args: Any, context: JobContext, limit: float
+    ) -> None:
+        """Await an async handler under its timeout; a hard stop may cancel it."""
+        task = asyncio.current_task()
+        assert task is not None
+        self.in_handler.add(task)
+        try:
+            async with asyncio.timeout(limit) as deadline:
+                await fn(args, context)
+        except TimeoutError:
+            if deadline.expired():
+                raise _TimedOut() from None
+            raise
         finally:
             self.in_handler.discard(task)
-        return "complete", None
+
+    async def _run_in_thread(
+        self, fn: Callable[..., Any], args: Any, context: JobContext, limit: float
+    ) -> None:
+        """Run a plain `def` handler in the thread pool.
+
+        The timeout runs from the moment a thread starts it, not while it waits for a free
+        thread. A thread cannot be stopped, so once it has started its job keeps its slot and
+        lease until it returns, past its timeout and through a stop: no second run may start
+        while this one lives (guarantee 3). Before it starts, a hard stop may cancel it.
+        """
+        assert self._loop is not None
+        loop = self._loop
+        started = asyncio.Event()
+        run = contextvars.copy_context().run
+        decided = threading.Lock()  # whether the thread starts or the job is withdrawn
+        began = withdrawn = False
+
+        def in_thread() -> None:
+            nonlocal began
+            with decided:
+                if withdrawn:
+                    return
+                began = True
+            loop.call_soon_threadsafe(started.set)
+            run(fn, args, context)
+
+        thread = loop.run_in_executor(self._threads, in_thread)
+        thread.add_done_callback(lambda _: started.set())
+        task = asyncio.current_task()
+        assert task is not None
+        self.in_handler.add(task)
+        try:
+            await started.wait()
+        except asyncio.CancelledError:
+            with decided:
+                withdrawn = not began
+            if withdrawn:
+                raise  # it will never start
+            task.uncancel()  # it has started: it must be waited for
+        finally:
+            self.in_handler.discard(task)
+        try:
+            async with asyncio.timeout(limit):
+                await asyncio.shield(thread)
+        except TimeoutError:
+            if thread.done():
+                raise  # the handler's own TimeoutError
+            log.warning(
+                "job %s (%s) passed its %gs timeout in a thread; waiting for it",
+                context.id,
+                context.job_type,
+                limit,
+            )
+            await asyncio.gather(thread, return_exceptions=True)
+            raise _TimedOut() from None
 
     async def _record(self, op: Callable[[Connection], Awaitable[bool | int]]) -> bool | None:
         """Run an outcome statement, retrying through database trouble for up to one lease.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from jobq import clock
@@ -117,16 +117,19 @@ async def complete(conn: Connection, tokens: list[int]) -> int:
     return len(await conn.fetch(sql.job_complete, tokens))
 
 
-async def retry(conn: Connection, token: int, *, ripe_at: datetime, error: str) -> bool:
-    """Record a failed attempt: back to `job` with one more attempt, `ripe_at` and `error`.
+async def retry(
+    conn: Connection, token: int, *, ripe_at: datetime, error: str, now: datetime
+) -> bool:
+    """Record a failed attempt: back to `job` with one more attempt, `ripe_at` and `error`
+    (merged into an identical job queued meanwhile, if any; see `sql._back_to_queue`).
     Return False when the token is stale (the job was rescued meanwhile)."""
-    return bool(await conn.fetchval(sql.job_retry, token, ripe_at, error, 1))
+    return bool(await conn.fetchval(sql.job_retry, token, ripe_at, error, 1, now))
 
 
 async def release(conn: Connection, token: int, *, now: datetime) -> bool:
     """Put a claimed job back in `job`, ripe at `now`, without charging an attempt (used when a
     worker stops). Return False when the token is stale."""
-    return bool(await conn.fetchval(sql.job_retry, token, now, None, 0))
+    return bool(await conn.fetchval(sql.job_retry, token, now, None, 0, now))
 
 
 async def bury(conn: Connection, token: int, *, now: datetime, error: str) -> bool:
@@ -135,11 +138,18 @@ async def bury(conn: Connection, token: int, *, now: datetime, error: str) -> bo
     return bool(await conn.fetchval(sql.job_bury, token, now, error))
 
 
-async def rescue(conn: Connection, *, now: datetime) -> int:
-    """Return the jobs of dead workers (their liveness lock is gone) and of hung ones (lease
-    expired before `now`) to `job`, ripe at `now`, charging an attempt; those out of retries go
-    to `job_dead`. Also forget dead workers' rows. Return how many jobs were rescued."""
-    count: int = await conn.fetchval(sql.job_rescue, now, "worker lost while running the job")
+async def rescue(conn: Connection, *, now: datetime, heartbeat_grace: timedelta) -> int:
+    """Return the jobs of dead and hung workers to `job`, ripe at `now`, charging an attempt;
+    those out of retries go to `job_dead`. Also forget dead workers' rows. Return how many
+    jobs were rescued.
+
+    Dead: no liveness lock, and either no session of its process is left or its last
+    heartbeat is older than `heartbeat_grace` (a worker whose listener alone dropped keeps its
+    jobs while it reconnects). Hung: its leases expired before `now`.
+    """
+    count: int = await conn.fetchval(
+        sql.job_rescue, now, heartbeat_grace, "worker lost while running the job"
+    )
     return count
 
 

@@ -158,10 +158,10 @@ class Worker:
                     timeout = min(poll, 1.0)
                 await self._nap(timeout)
         finally:
+            await self.stop()  # the heartbeat goes on extending leases while jobs drain
             for task in services:
                 task.cancel()
             await asyncio.gather(*services, return_exceptions=True)
-            await self.stop()
 
     async def _watch(self, stop: asyncio.Event) -> None:
         await stop.wait()
@@ -176,16 +176,13 @@ class Worker:
             pass
 
     async def _repeat(self, once: Callable[[], Awaitable[int]], every: timedelta) -> None:
-        while not self._stopping.is_set():
+        """Call `once` every `every` until cancelled (after the worker has stopped)."""
+        while True:
             try:
                 await once()
             except Exception as exc:
                 log.warning("worker %s: %s failed (%s)", self.id, once.__name__, describe(exc))
-            try:
-                async with asyncio.timeout(every.total_seconds()):
-                    await self._stopping.wait()
-            except TimeoutError:
-                pass
+            await asyncio.sleep(every.total_seconds())
 
     async def _idle_timeout(self) -> float:
         """Seconds until the next job ripens, at most the poll interval."""
@@ -212,14 +209,22 @@ class Worker:
         await self.abort()
 
     async def abort(self) -> None:
-        """Hard stop: cancel the handlers still running; their jobs go back to the queue, ripe
-        now, with no attempt charged. Jobs already recording their outcome finish that. Then
-        unregister and close the listener (which releases the liveness lock)."""
+        """Hard stop: cancel the async handlers still running (and sync ones still waiting for
+        a thread); their jobs go back to the queue, ripe now, with no attempt charged. A sync
+        handler already in a thread cannot be cancelled: it is waited for and its outcome
+        recorded. Jobs already recording their outcome finish that. Then unregister and close
+        the listener (which releases the liveness lock)."""
         self._stopping.set()
         self._wake.set()
+        async with self._claim_lock:
+            pass  # a claim in flight starts its jobs first; they are cancelled below
         for task in list(self._tasks):
             if task in self.executor.in_handler:
                 task.cancel()
+        if len(self._tasks) > len(self.executor.in_handler):
+            log.warning(
+                "worker %s: waiting for jobs running in threads (they cannot be cancelled)", self.id
+            )
         await asyncio.gather(*self._tasks, return_exceptions=True)
         store.wakeups.discard(self._wake)
         self.executor.close()
@@ -266,23 +271,26 @@ class Worker:
             return len(jobs)
 
     async def heartbeat(self) -> int:
-        """Reconnect the listener if it was lost; extend the leases of the jobs this worker
-        holds to now + lease; return how many leases were extended."""
-        if not self.alive and not self._stopping.is_set():
-            await self._connect()
-            log.info("worker %s reconnected its listener", self.id)
-            self._wake.set()
+        """Extend the leases of the jobs this worker holds to now + lease (and its row's
+        heartbeat_at), then reconnect the listener if it was lost; return how many leases
+        were extended."""
         now = clock.now()
         async with self.database.pool.acquire() as conn:
             status = await conn.execute(
                 sql.worker_heartbeat, self.id, now, now + self.settings.lease, list(self._held)
             )
+        if not self.alive and not self._stopping.is_set():
+            await self._connect()
+            log.info("worker %s reconnected its listener", self.id)
+            self._wake.set()
         return int(status.split()[-1])
 
     async def rescue(self) -> int:
         """Return the jobs of dead or hung workers (any worker's) to the queue; return how many."""
         async with self.database.pool.acquire() as conn:
-            count = await store.rescue(conn, now=clock.now())
+            count = await store.rescue(
+                conn, now=clock.now(), heartbeat_grace=self.settings.heartbeat_interval * 3
+            )
         if count:
             log.warning("rescued %d jobs of dead or hung workers", count)
         return count

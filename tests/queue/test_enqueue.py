@@ -97,8 +97,8 @@ async def test_duplicate_of_a_running_job_is_queued_without_waiting(
 async def test_duplicate_of_a_failing_running_job_leaves_one_queued(
     conn: Connection, make_worker: MakeWorker
 ) -> None:
-    """The running job fails while its twin is queued: one of them stays queued (nothing lost,
-    at most one queued copy)."""
+    """The running job fails while its twin is queued: the twin stays queued (at most one
+    queued copy) and the failed job's end is recorded as merged into it (nothing lost)."""
     gate = Gate()
     handlers = Registry()
 
@@ -116,7 +116,14 @@ async def test_duplicate_of_a_failing_running_job_leaves_one_queued(
     assert second.id != first.id
     gate.release()
     await worker.wait_idle()
-    assert await counts(conn) == {"job": 1, "job_running": 0, "job_dead": 0}
+    assert await counts(conn) == {"job": 1, "job_running": 0, "job_dead": 1}
+    assert await conn.fetchval("SELECT id FROM job") == second.id
+    merged = await conn.fetchrow(
+        "SELECT attempts, last_error FROM job_dead WHERE id = $1", first.id
+    )
+    assert merged is not None
+    assert merged["attempts"] == 1
+    assert merged["last_error"] == f"merged into queued duplicate job {second.id}"
     assert worker.counts["rejected"] == 0
 
 

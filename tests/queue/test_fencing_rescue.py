@@ -19,6 +19,7 @@ from tests.queue.helpers import Gate, MakeWorker, count, counts, eventually, row
 
 T0 = datetime(2030, 6, 1, 12, 0, tzinfo=UTC)
 LEASE = timedelta(seconds=5)  # settings.lease in the tests
+GRACE = timedelta(seconds=1)
 LOST = "worker lost while running the job"
 
 
@@ -42,7 +43,9 @@ def gated(gate: Gate) -> Registry:
 
 
 async def kill_listener(worker: Worker, conn: Connection, how: str) -> None:
-    """Make `worker` look dead to the others: its listener session (and lock) ends."""
+    """Make `worker` look dead to the others: its listener session (and lock) ends, and its
+    process has no session left. A test cannot end its own process, so the worker's row is
+    pointed at a pid with no session (what the rescue sees when a process dies)."""
     listener = worker._listener
     assert listener is not None
     if how == "close":
@@ -50,6 +53,7 @@ async def kill_listener(worker: Worker, conn: Connection, how: str) -> None:
     else:
         pid = listener.get_server_pid()
         assert await conn.fetchval("SELECT pg_terminate_backend($1, 5000)", pid)
+    await conn.execute("UPDATE worker SET pid = 0 WHERE id = $1", worker.id)
 
 
 async def test_stale_token_changes_nothing(conn: Connection) -> None:
@@ -59,7 +63,7 @@ async def test_stale_token_changes_nothing(conn: Connection) -> None:
     (stale,) = await store.claim(
         conn, worker_id=901, max_jobs=1, now=now, lease_expires_at=now + LEASE
     )
-    assert await store.rescue(conn, now=now) == 1
+    assert await store.rescue(conn, now=now, heartbeat_grace=GRACE) == 1
     (fresh,) = await store.claim(
         conn, worker_id=902, max_jobs=1, now=now, lease_expires_at=now + LEASE
     )
@@ -69,7 +73,7 @@ async def test_stale_token_changes_nothing(conn: Connection) -> None:
     before = await row(conn, "job_running", created.id)
 
     assert await store.complete(conn, [stale.token]) == 0
-    assert await store.retry(conn, stale.token, ripe_at=now, error="stale") is False
+    assert await store.retry(conn, stale.token, ripe_at=now, error="stale", now=now) is False
     assert await store.bury(conn, stale.token, now=now, error="stale") is False
     assert await store.release(conn, stale.token, now=now) is False
 
@@ -88,7 +92,7 @@ async def test_outcome_verbs_with_the_right_token(conn: Connection) -> None:
         key=lambda j: j.arguments["n"],
     )
     ripe_at = now + timedelta(minutes=1)
-    assert await store.retry(conn, a.token, ripe_at=ripe_at, error="E1")
+    assert await store.retry(conn, a.token, ripe_at=ripe_at, error="E1", now=now)
     assert await store.bury(conn, b.token, now=now, error="E2")
     assert await store.release(conn, c.token, now=now)
     ra, rc = await row(conn, "job", a.id), await row(conn, "job", c.id)
@@ -100,7 +104,7 @@ async def test_outcome_verbs_with_the_right_token(conn: Connection) -> None:
     assert (rb["attempts"], rb["last_error"], rb["died_at"]) == (1, "E2", now)
     assert (rc["attempts"], rc["last_error"], rc["ripe_at"]) == (0, None, now)
     # every verb works once: the token is spent
-    assert not await store.retry(conn, a.token, ripe_at=ripe_at, error="again")
+    assert not await store.retry(conn, a.token, ripe_at=ripe_at, error="again", now=now)
     assert await count(conn, "job_running") == 0
 
 
@@ -255,12 +259,12 @@ async def test_a_job_that_kills_every_worker_ends_dead(conn: Connection) -> None
     now = clock.now()
     for attempts in (1, 2):
         assert await store.claim(conn, worker_id=900, max_jobs=1, now=now, lease_expires_at=now)
-        assert await store.rescue(conn, now=now) == 1
+        assert await store.rescue(conn, now=now, heartbeat_grace=GRACE) == 1
         queued = await row(conn, "job", created.id)
         assert queued is not None
         assert queued["attempts"] == attempts
     assert await store.claim(conn, worker_id=900, max_jobs=1, now=now, lease_expires_at=now)
-    assert await store.rescue(conn, now=now) == 1
+    assert await store.rescue(conn, now=now, heartbeat_grace=GRACE) == 1
     dead = await row(conn, "job_dead", created.id)
     assert dead is not None
     assert dead["attempts"] == 3

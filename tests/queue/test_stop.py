@@ -88,7 +88,11 @@ async def test_stop_with_zero_drain_releases_at_once(
     assert worker.counts["released"] == 1
 
 
-async def test_stop_releases_a_long_sync_job(conn: Connection, make_worker: MakeWorker) -> None:
+async def test_stop_waits_for_a_sync_job_in_its_thread(
+    conn: Connection, make_worker: MakeWorker
+) -> None:
+    """A thread cannot be cancelled: past the drain timeout, stop keeps the job (so no other
+    worker can start it while the thread runs) and records its real outcome once it returns."""
     entered = asyncio.Event()
     unblock = threading.Event()
     handlers = Registry()
@@ -100,18 +104,62 @@ async def test_stop_releases_a_long_sync_job(conn: Connection, make_worker: Make
 
     created = await enqueue(Job(job_type="block"))
     worker = await make_worker(handlers)
+    other = await make_worker(handlers)
     try:
         assert await worker.run_once() == 1
         async with asyncio.timeout(2):
             await entered.wait()
-            await worker.stop(timedelta(seconds=0.2))
+        stopping = asyncio.create_task(worker.stop(timedelta(seconds=0.1)))
+        await asyncio.sleep(0.4)  # well past the drain timeout
+        assert not stopping.done()
+        assert await count(conn, "job_running") == 1
+        assert await other.rescue() == 0
+        assert await other.run_once() == 0  # not handed out while the thread runs
     finally:
         unblock.set()
-    queued = await row(conn, "job", created.id)
-    assert queued is not None
-    assert queued["attempts"] == 0
+    async with asyncio.timeout(2):
+        await stopping
+    assert await counts(conn) == {"job": 0, "job_running": 0, "job_dead": 0}
+    assert worker.counts["completed"] == 1
+    assert worker.counts["released"] == 0
+    assert await count(conn, "worker") == 1  # only `other` is left
+    assert created.id
+
+
+async def test_stop_releases_a_sync_job_still_waiting_for_a_thread(
+    conn: Connection, make_worker: MakeWorker
+) -> None:
+    entered = asyncio.Event()
+    unblock = threading.Event()
+    calls: list[int] = []
+    handlers = Registry()
+
+    @handlers.handler("block", args=Args)
+    def block(args: Args, job: JobContext) -> None:
+        calls.append(args.n)
+        job.loop.call_soon_threadsafe(entered.set)
+        unblock.wait(10)
+
+    first = await enqueue(Job(job_type="block", arguments={"n": 1}, priority=1))
+    second = await enqueue(Job(job_type="block", arguments={"n": 2}))
+    worker = await make_worker(handlers, max_threads=1)
+    try:
+        assert await worker.run_once() == 2
+        async with asyncio.timeout(2):
+            await entered.wait()
+        stopping = asyncio.create_task(worker.stop(timedelta(seconds=0.1)))
+        await asyncio.sleep(0.3)
+        released = await row(conn, "job", second.id)
+        assert released is not None  # never started: released at once, uncharged
+        assert released["attempts"] == 0
+    finally:
+        unblock.set()
+    async with asyncio.timeout(2):
+        await stopping
+    assert calls == [1]
+    assert await row(conn, "job_running", first.id) is None
+    assert worker.counts["completed"] == 1
     assert worker.counts["released"] == 1
-    assert await count(conn, "worker") == 0
 
 
 async def test_release_keeps_earlier_attempts_and_error(

@@ -1,0 +1,241 @@
+"""Races between failure, stop, heartbeat, rescue and reconnect: each of these tests failed on
+an earlier version of the engine (found in review)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from jobq import clock
+from jobq.config import Settings
+from jobq.db import Connection, Database
+from jobq.queue import Job, JobContext, Registry, Worker, enqueue, store
+from tests.conftest import make_settings
+from tests.queue.helpers import Gate, MakeWorker, eventually, where
+
+LEASE = timedelta(seconds=5)
+
+
+class Args(BaseModel):
+    n: int = 0
+
+
+NewWorker = Callable[..., Worker]
+
+
+@pytest.fixture
+async def new_worker(database: Database, settings: Settings) -> AsyncIterator[NewWorker]:
+    """Workers not started yet (for `run(stop)`); aborted at the end."""
+    built: list[Worker] = []
+
+    def new(handlers: Registry, **overrides: Any) -> Worker:
+        worker = Worker(database, make_settings(database.dsn, **overrides), handlers=handlers)
+        built.append(worker)
+        return worker
+
+    yield new
+    for worker in built:
+        await worker.abort()
+
+
+# -- a failed job whose duplicate was enqueued while it ran is merged, never gone --------------
+
+
+async def test_retry_of_a_job_with_a_queued_duplicate_keeps_the_job(conn: Connection) -> None:
+    """Guarantee 2: until its outcome is recorded a job is in job, job_running or job_dead.
+
+    A running job is no duplicate, so an identical job can be queued while the first runs.
+    When the first then fails, it cannot go back to `job` (one queued copy): it is recorded in
+    job_dead as merged into the queued one, which keeps its place."""
+    first = await enqueue(Job(job_type="dup", arguments={"k": 1}, max_retries=3))
+    now = clock.now()
+    (claimed,) = await store.claim(
+        conn, worker_id=1, max_jobs=1, now=now, lease_expires_at=now + LEASE
+    )
+    second = await enqueue(Job(job_type="dup", arguments={"k": 1}, max_retries=3))
+    assert not second.duplicate  # documented: a running job does not count
+    assert await store.retry(conn, claimed.token, ripe_at=now, error="boom", now=now) is True
+    assert await where(conn, first.id) == ["job_dead"]
+    merged = await conn.fetchrow(
+        "SELECT attempts, last_error FROM job_dead WHERE id = $1", first.id
+    )
+    assert merged is not None
+    assert (merged["attempts"], merged["last_error"]) == (
+        1,
+        f"merged into queued duplicate job {second.id}",
+    )
+    assert await where(conn, second.id) == ["job"]
+
+
+async def test_release_of_a_job_with_a_queued_duplicate_keeps_the_job(conn: Connection) -> None:
+    """The same on a graceful stop (release); and the queued twin, due in an hour, now ripens
+    when the released job would have: the merge never makes the work later."""
+    first = await enqueue(Job(job_type="dup", arguments={"k": 2}))
+    now = clock.now()
+    (claimed,) = await store.claim(
+        conn, worker_id=1, max_jobs=1, now=now, lease_expires_at=now + LEASE
+    )
+    second = await enqueue(Job(job_type="dup", arguments={"k": 2}).runs_in(hours=1))
+    assert await store.release(conn, claimed.token, now=now) is True
+    assert await where(conn, first.id) == ["job_dead"]
+    assert await conn.fetchval("SELECT ripe_at FROM job WHERE id = $1", second.id) == now
+    assert await where(conn, first.id) != []
+
+
+# -- the heartbeat goes on while jobs drain, so a drain longer than the lease keeps them -------
+
+
+async def test_draining_worker_keeps_its_leases(
+    conn: Connection, new_worker: NewWorker, make_worker: MakeWorker
+) -> None:
+    """With a drain timeout longer than the lease, the heartbeat must go on during the drain,
+    or the draining job's lease expires and another worker re-runs it while it still runs."""
+    gate = Gate()
+    handlers = Registry()
+
+    @handlers.handler("long", args=Args)
+    async def long(args: Args, job: JobContext) -> None:
+        await gate.enter(job.attempt)
+
+    created = await enqueue(Job(job_type="long"))
+    short = {"lease": timedelta(seconds=0.6), "drain_timeout": timedelta(seconds=3)}
+    worker_a = new_worker(handlers, **short)
+    stop = asyncio.Event()
+    runner = asyncio.create_task(worker_a.run(stop))
+    try:
+        await gate.wait_entered(1)
+        stop.set()  # graceful stop: A drains for up to 3 s
+        worker_b = await make_worker(handlers, **short)
+        await asyncio.sleep(1.5)  # > lease, < drain: A is alive and still draining
+        assert await worker_b.rescue() == 0
+        assert await worker_b.run_once() == 0
+        assert await where(conn, created.id) == ["job_running"]
+    finally:
+        gate.release()
+        await runner
+
+
+# -- a listener blip alone does not hand a live worker's jobs to another -----------------------
+
+
+async def test_listener_reconnect_does_not_hand_out_running_jobs(
+    conn: Connection, make_worker: MakeWorker
+) -> None:
+    """The worker process lives, its handler runs, and its listener session is cut (a restart
+    of a pooler, idle_session_timeout, a network blip). Its lock is gone, but its process has
+    sessions and its heartbeat is recent: no rescue. It reconnects and finishes the job once."""
+    gate = Gate()
+    handlers = Registry()
+
+    @handlers.handler("gated", args=Args)
+    async def gated(args: Args, job: JobContext) -> None:
+        await gate.enter(job.attempt)
+
+    created = await enqueue(Job(job_type="gated"))
+    worker_a = await make_worker(handlers)
+    worker_b = await make_worker(handlers)
+    try:
+        assert await worker_a.run_once() == 1
+        await gate.wait_entered(1)
+        listener = worker_a._listener
+        assert listener is not None
+        await conn.fetchval("SELECT pg_terminate_backend($1, 5000)", listener.get_server_pid())
+        await eventually(lambda: not worker_a.alive)
+
+        async def lock_gone() -> bool:
+            held = await conn.fetchval(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = $1",
+                worker_a.id,
+            )
+            return bool(held == 0)
+
+        await eventually(lock_gone)
+        assert await worker_b.rescue() == 0  # within the heartbeat grace: still alive
+        assert await worker_b.run_once() == 0
+        assert await worker_a.heartbeat() == 1  # extends its lease, then reconnects
+        assert worker_a.alive
+        assert await worker_b.rescue() == 0
+    finally:
+        gate.release()
+    await worker_a.wait_idle()
+    assert gate.entered == [1]
+    assert worker_a.counts["completed"] == 1
+    assert await where(conn, created.id) == []
+
+
+# -- a sync job's timeout runs from its thread's start, not its wait for a thread -------------
+
+
+async def test_sync_timeout_does_not_count_waiting_for_a_thread(
+    conn: Connection, make_worker: MakeWorker
+) -> None:
+    """With more slots than threads, a claimed sync job waits for a thread under its own
+    timeout. It then runs in full anyway (the code waits for the thread) and its success is
+    recorded as a timeout failure: a job that ran within its limit is retried (run twice)."""
+    runs: list[float] = []
+    handlers = Registry()
+
+    @handlers.handler("work", args=Args, timeout=0.5)
+    def work(args: Args, job: JobContext) -> None:
+        started = time.monotonic()
+        time.sleep(0.35)  # well within the 0.5 s limit
+        runs.append(time.monotonic() - started)
+
+    await enqueue(Job(job_type="work", arguments={"n": 1}))
+    await enqueue(Job(job_type="work", arguments={"n": 2}))
+    worker = await make_worker(handlers, max_threads=1, max_concurrent_jobs=2)
+    assert await worker.run_once() == 2
+    await worker.wait_idle()
+    assert all(r < 0.5 for r in runs)
+    assert worker.counts["completed"] == 2, dict(worker.counts)
+
+
+# -- abort() lets a claim in flight finish first ----------------------------------------------
+
+
+async def test_abort_waits_for_a_claim_in_flight(conn: Connection, database: Database) -> None:
+    """A claim in flight when `abort()` runs completes first and its job is handled: it must
+    not start on a worker whose thread pool is shut down and "fail" without having run (an
+    attempt charged, `RuntimeError: cannot schedule new futures after shutdown`)."""
+    ran: list[int] = []
+    handlers = Registry()
+
+    @handlers.handler("sync_job", args=Args)
+    def sync_job(args: Args, job: JobContext) -> None:
+        ran.append(job.attempt)
+
+    created = await enqueue(Job(job_type="sync_job"))
+    small_settings = make_settings(database.dsn, min_pool_size=1, max_pool_size=1)
+    small = await Database.open(small_settings, database.dsn)
+    worker = Worker(small, small_settings, handlers=handlers)
+    try:
+        await worker.start()
+        held = await small.pool.acquire()  # the claim will wait for the pool's one connection
+        claim = asyncio.create_task(worker.run_once())
+        await asyncio.sleep(0.05)
+        aborted = asyncio.create_task(worker.abort())
+        await asyncio.sleep(0.05)
+        await small.pool.release(held)
+        await aborted
+        await claim
+        await worker.wait_idle()
+        queued = await conn.fetchrow(
+            "SELECT attempts, last_error FROM job WHERE id = $1", created.id
+        )
+        # Claimed before the stop took hold, the job either ran to completion or went back
+        # uncharged; never an attempt charged for a run that did not happen.
+        if ran:
+            assert (ran, queued, worker.counts["completed"]) == ([1], None, 1)
+        else:
+            assert queued is not None
+            assert (queued["attempts"], queued["last_error"]) == (0, None)
+        assert await conn.fetchval("SELECT count(*) FROM job_dead") == 0
+    finally:
+        await worker.abort()
+        await small.close()
