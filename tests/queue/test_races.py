@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
-from typing import Any
 
-import pytest
 from pydantic import BaseModel
 
 from jobq import clock
-from jobq.config import Settings
 from jobq.db import Connection, Database
 from jobq.queue import Job, JobContext, Registry, Worker, enqueue, store
 from tests.conftest import make_settings
+from tests.queue.conftest import NewWorker
 from tests.queue.helpers import Gate, MakeWorker, eventually, where
 
 LEASE = timedelta(seconds=5)
@@ -24,24 +21,6 @@ LEASE = timedelta(seconds=5)
 
 class Args(BaseModel):
     n: int = 0
-
-
-NewWorker = Callable[..., Worker]
-
-
-@pytest.fixture
-async def new_worker(database: Database, settings: Settings) -> AsyncIterator[NewWorker]:
-    """Workers not started yet (for `run(stop)`); aborted at the end."""
-    built: list[Worker] = []
-
-    def new(handlers: Registry, **overrides: Any) -> Worker:
-        worker = Worker(database, make_settings(database.dsn, **overrides), handlers=handlers)
-        built.append(worker)
-        return worker
-
-    yield new
-    for worker in built:
-        await worker.abort()
 
 
 # -- a failed job whose duplicate was enqueued while it ran is merged, never gone --------------
