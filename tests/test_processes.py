@@ -15,9 +15,6 @@ teardown (shown when a test fails). Waits poll the database with a deadline.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
-import json
 import os
 import signal
 import socket
@@ -37,7 +34,7 @@ import pytest
 from jobq.config import PROJECT_ROOT
 from jobq.db import Connection, Database
 from jobq.queue import Enqueued, Job, enqueue
-from tests.webhook_receiver import Receiver
+from tests.webhook_receiver import Receiver, assert_reminder_delivery
 
 pytestmark = pytest.mark.slow
 
@@ -425,15 +422,14 @@ async def test_serve_delivers_a_reminder_to_a_webhook_on_time_and_stops_on_sigte
         (delivery,) = await asyncio.wait_for(receiver.wait_for(1), timeout=2 + 5)
         lateness_s = (delivery.received_at - remind_at).total_seconds()
         print(f"webhook lateness (receipt - remind_at): {lateness_s * 1000:.1f} ms")
-        assert (delivery.method, delivery.path) == ("POST", "/hook")
-        expected = hmac.new(WEBHOOK_SECRET.encode(), delivery.body, hashlib.sha256).hexdigest()
-        assert hmac.compare_digest(delivery.headers["x-jobq-signature"], f"sha256={expected}")
-        payload = json.loads(delivery.body)
-        assert payload["reminder_id"] == reminder["id"]
-        assert payload["user_id"] == user["id"]
-        assert payload["message"] == "stand up"
-        assert datetime.fromisoformat(payload["remind_at"]) == remind_at
-        assert payload["attempt"] == 1
+        assert_reminder_delivery(
+            delivery,
+            secret=WEBHOOK_SECRET,
+            reminder_id=reminder["id"],
+            user_id=user["id"],
+            message="stand up",
+            remind_at=remind_at,
+        )
         assert 0 <= lateness_s < 2.5
 
         async def sent() -> bool:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
@@ -19,6 +22,34 @@ class Received:
     headers: dict[str, str]
     body: bytes
     received_at: datetime
+
+
+def signature(secret: str, body: bytes) -> str:
+    """The `X-Jobq-Signature` a delivery of `body` must carry: computed here, independently of
+    jobq's own signing code."""
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def assert_reminder_delivery(
+    request: Received,
+    *,
+    secret: str,
+    reminder_id: int,
+    user_id: int,
+    message: str,
+    remind_at: datetime,
+    attempt: int = 1,
+) -> None:
+    """Assert that `request` is a signed JSON POST of that reminder to `/hook`."""
+    assert (request.method, request.path) == ("POST", "/hook")
+    assert request.headers["content-type"] == "application/json"
+    assert hmac.compare_digest(request.headers["x-jobq-signature"], signature(secret, request.body))
+    payload = json.loads(request.body)
+    assert payload["reminder_id"] == reminder_id
+    assert payload["user_id"] == user_id
+    assert payload["message"] == message
+    assert datetime.fromisoformat(payload["remind_at"]) == remind_at
+    assert payload["attempt"] == attempt
 
 
 @dataclass

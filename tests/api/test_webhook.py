@@ -4,8 +4,6 @@ HTTP receiver on 127.0.0.1: signed JSON, retries with backoff, the dead letter, 
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import logging
 import socket
@@ -21,15 +19,10 @@ from jobq.queue import Job, enqueue
 from jobq.queue.model import DEFAULT_MAX_RETRIES
 from tests.api.conftest import RunJobs
 from tests.api.helpers import JSON, create_reminder, create_user
-from tests.webhook_receiver import Receiver
+from tests.webhook_receiver import Receiver, assert_reminder_delivery, signature
 
 T0 = datetime(2031, 3, 4, 10, 0, tzinfo=UTC)
 DUE = T0 + timedelta(seconds=60)
-
-
-def signature(settings: Settings, body: bytes) -> str:
-    secret = settings.webhook_secret.get_secret_value().encode()
-    return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
 
 
 async def schedule(client: Client, webhook_url: str | None, message: str = "Call Bob") -> JSON:
@@ -58,17 +51,14 @@ async def test_due_reminder_is_posted_signed_and_marked_sent(
 
     assert await run_jobs(at=DUE + timedelta(seconds=5)) == 1
     assert len(receiver.requests) == 1
-    request = receiver.requests[0]
-    assert request.method == "POST"
-    assert request.path == "/hook"
-    assert request.headers["content-type"] == "application/json"
-    assert request.headers["x-jobq-signature"] == signature(settings, request.body)
-    payload = json.loads(request.body)
-    assert payload["reminder_id"] == reminder["id"]
-    assert payload["user_id"] == reminder["user_id"]
-    assert payload["message"] == "Call Bob — ☎ «now»"
-    assert datetime.fromisoformat(payload["remind_at"]) == DUE
-    assert payload["attempt"] == 1
+    assert_reminder_delivery(
+        receiver.requests[0],
+        secret=settings.webhook_secret.get_secret_value(),
+        reminder_id=reminder["id"],
+        user_id=reminder["user_id"],
+        message="Call Bob — ☎ «now»",
+        remind_at=DUE,
+    )
 
     sent = await get_reminder(client, reminder["id"])
     assert sent["status"] == "sent"
@@ -85,10 +75,10 @@ async def test_signature_is_over_the_exact_body_with_the_secret(
     await schedule(client, receiver.url)
     await run_jobs(at=DUE)
     (request,) = receiver.requests
-    wrong_secret = "sha256=" + hmac.new(b"other", request.body, hashlib.sha256).hexdigest()
-    assert request.headers["x-jobq-signature"] != wrong_secret
-    assert request.headers["x-jobq-signature"] != signature(settings, request.body + b" ")
-    assert request.headers["x-jobq-signature"] == signature(settings, request.body)
+    secret = settings.webhook_secret.get_secret_value()
+    assert request.headers["x-jobq-signature"] != signature("other", request.body)
+    assert request.headers["x-jobq-signature"] != signature(secret, request.body + b" ")
+    assert request.headers["x-jobq-signature"] == signature(secret, request.body)
 
 
 async def test_failed_delivery_is_retried_with_backoff_then_fails(
