@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: help run test lint format worker migrate db-stop clean
+.PHONY: help run test chaos bench lint format worker migrate db-stop clean
 
 help: ## Show the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-9s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -22,6 +22,12 @@ run: $(INSTALLED) ## Serve the API on http://127.0.0.1:8000 with a worker (Ctrl-
 
 test: $(INSTALLED) ## Run the tests against a fresh database (embedded PostgreSQL unless TEST_DATABASE_URL)
 	$(BIN)/pytest
+
+chaos: $(INSTALLED) ## Run the fault, fuzz and load scenarios (real processes; prints JSON figures)
+	$(BIN)/pytest -m chaos -s tests/chaos
+
+bench: $(INSTALLED) ## Run the benchmarks on a fresh database (prints JSON lines, then a table)
+	$(BIN)/python -m bench
 
 lint: $(INSTALLED) ## ruff check, ruff format --check, mypy --strict
 	$(BIN)/ruff check .
