@@ -1,6 +1,7 @@
 """Running one claimed job: validate its arguments, call its handler (on the event loop, or in
-the thread pool for a plain `def`) under its timeout, and record the outcome — complete, retry
-with backoff, or the dead letter — in one statement fenced by the job's token.
+the thread pool for a plain `def`) under its timeout, and hand its outcome — complete, retry
+with backoff, or the dead letter — to the worker's `Acker`, which records it fenced by the job's
+token.
 """
 
 from __future__ import annotations
@@ -9,8 +10,7 @@ import asyncio
 import contextvars
 import logging
 import threading
-from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
@@ -18,16 +18,15 @@ from pydantic import ValidationError
 
 from jobq import clock
 from jobq.config import Settings
-from jobq.db import Connection, Database
 from jobq.errors import DontRetry
-from jobq.queue import store
+from jobq.queue.acker import Acker
 from jobq.queue.backoff import next_ripe_at
-from jobq.queue.model import ClaimedJob, JobContext
+from jobq.queue.model import ClaimedJob, JobContext, Outcome
 from jobq.queue.registry import Registry
 
 log = logging.getLogger("jobq.worker")
 
-Outcome = tuple[Literal["complete", "fail", "bury"], str | None]
+Attempt = tuple[Literal["complete", "fail", "bury"], str | None]
 """What an attempt came to, and its error."""
 
 MAX_ERROR_CHARS = 2000
@@ -44,23 +43,21 @@ class _TimedOut(Exception):
 
 
 class Executor:
-    """Runs the claimed jobs of one worker. `counts` is shared with the worker; `in_handler`
+    """Runs the claimed jobs of one worker; their outcomes go to `acker`. `in_handler`
     holds the tasks a hard stop may cancel (an async handler running, or a sync one still
     waiting for a thread)."""
 
     def __init__(
         self,
-        database: Database,
         settings: Settings,
         handlers: Registry,
         state: dict[str, Any],
-        counts: Counter[str],
+        acker: Acker,
     ) -> None:
-        self.database = database
         self.settings = settings
         self.handlers = handlers
         self.state = state
-        self.counts = counts
+        self.acker = acker
         self.in_handler: set[asyncio.Task[Any]] = set()
         self.worker_id = 0
         self._threads: ThreadPoolExecutor | None = None
@@ -81,7 +78,7 @@ class Executor:
             self._threads.shutdown(wait=False, cancel_futures=True)
 
     async def execute(self, job: ClaimedJob) -> None:
-        """Run one attempt of a claimed job and record its outcome, fenced by its token.
+        """Run one attempt of a claimed job and hand its outcome to the acker.
 
         Cancelled (by `Worker.abort`, while an async handler runs or a sync one waits for a
         thread): the job is released, ripe now, with no attempt charged.
@@ -89,15 +86,11 @@ class Executor:
         try:
             kind, error = await self._attempt(job)
         except asyncio.CancelledError:
-            ok = await self._record(lambda c: store.release(c, job.token, now=clock.now()))
-            self._count("released", ok, job)
+            self.acker.add(job, Outcome(job.token, "release", clock.now()))
             raise
         if kind == "complete":
-            ok = await self._record(lambda c: store.complete(c, [job.token]))
-            self._count("completed", ok, job)
-            return
-        assert error is not None
-        if kind == "fail" and job.attempts < job.max_retries:
+            outcome = Outcome(job.token, "complete")
+        elif kind == "fail" and job.attempts < job.max_retries:
             ripe_at = next_ripe_at(
                 job.attempts + 1,
                 clock.now(),
@@ -105,31 +98,12 @@ class Executor:
                 cap=self.settings.backoff_max,
                 jitter=self.settings.backoff_jitter,
             )
-            ok = await self._record(
-                lambda c: store.retry(c, job.token, ripe_at=ripe_at, error=error, now=clock.now())
-            )
-            self._count("retried", ok, job)
+            outcome = Outcome(job.token, "retry", ripe_at, error)
         else:
-            ok = await self._record(
-                lambda c: store.bury(c, job.token, now=clock.now(), error=error)
-            )
-            self._count("buried", ok, job)
-            log.error("job %s (%s) is dead: %s", job.id, job.job_type, error)
+            outcome = Outcome(job.token, "bury", error=error)
+        self.acker.add(job, outcome)
 
-    def _count(self, what: str, ok: bool | int | None, job: ClaimedJob) -> None:
-        if ok is None:
-            self.counts["lost_acks"] += 1
-        elif ok:
-            self.counts[what] += 1
-        else:
-            self.counts["rejected"] += 1
-            log.warning(
-                "job %s was rescued from this worker; its outcome (%s) is not recorded",
-                job.id,
-                what,
-            )
-
-    async def _attempt(self, job: ClaimedJob) -> Outcome:
+    async def _attempt(self, job: ClaimedJob) -> Attempt:
         spec = self.handlers.get(job.job_type)
         if spec is None:
             return "bury", f"no handler for job_type {job.job_type!r}"
@@ -242,23 +216,3 @@ class Executor:
             )
             await asyncio.gather(thread, return_exceptions=True)
             raise _TimedOut() from None
-
-    async def _record(self, op: Callable[[Connection], Awaitable[bool | int]]) -> bool | None:
-        """Run an outcome statement, retrying through database trouble for up to one lease.
-        Return its result, or None when it could not be recorded (the job's lease then
-        expires and the rescue returns it to the queue: a re-run, never a loss)."""
-        assert self._loop is not None
-        deadline = self._loop.time() + self.settings.lease.total_seconds()
-        delay = 0.05
-        while True:
-            try:
-                async with self.database.pool.acquire() as conn:
-                    return bool(await op(conn))
-            except Exception as exc:
-                if self._loop.time() + delay > deadline:
-                    log.error(
-                        "could not record a job outcome (%s); its lease will expire", describe(exc)
-                    )
-                    return None
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)

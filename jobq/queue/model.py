@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
@@ -70,6 +70,21 @@ class ClaimedJob:
     token: int
     ripe_at: datetime
     claimed_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What to record of one attempt of a claimed job, fenced by its `token`.
+
+    `complete`: the job is done and leaves the queue. `retry`: back to `job` with one more
+    attempt, ripe at `ripe_at`, with `error`. `release`: back to `job`, ripe at `ripe_at`, with
+    no attempt charged and its last error kept. `bury`: to the dead letter with `error`.
+    """
+
+    token: int
+    kind: Literal["complete", "retry", "release", "bury"]
+    ripe_at: datetime | None = None
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

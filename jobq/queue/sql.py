@@ -32,30 +32,6 @@ ON CONFLICT (md5) DO NOTHING
 RETURNING id
 """
 
-# $1 now, $2 max jobs, $3 worker id, $4 lease expiry
-job_claim = f"""
-WITH claimed AS (
-    DELETE FROM job
-    WHERE id = ANY(ARRAY(
-        SELECT id FROM job
-        WHERE ripe_at <= $1
-        ORDER BY priority DESC, ripe_at
-        LIMIT $2
-        FOR UPDATE SKIP LOCKED
-    ))
-    RETURNING {_COLUMNS}
-)
-INSERT INTO job_running ({_COLUMNS}, worker_id, claimed_at, lease_expires_at, token)
-SELECT {_COLUMNS}, $3, $1, $4, nextval('job_fencing_token')
-FROM claimed
-RETURNING id, job_type, arguments, attempts, max_retries, token, ripe_at, claimed_at
-"""
-
-# $1 tokens
-job_complete = """
-DELETE FROM job_running WHERE token = ANY($1::bigint[]) RETURNING id
-"""
-
 _DEAD_COLUMNS = (
     "id, job_type, arguments, priority, attempts, max_retries, last_error, created_at, died_at"
 )
@@ -92,34 +68,70 @@ requeued AS (
 )"""
 
 
-# $1 token, $2 ripe_at, $3 last error (NULL: keep it), $4 attempts charged (1 for a failure,
-# 0 for a release), $5 now
-job_retry = f"""
-WITH failed AS (
-    DELETE FROM job_running WHERE token = $1 RETURNING {_COLUMNS}
+# $1 completed tokens; re-queued: $2 tokens, $3 ripe_at, $4 last errors (NULL: keep it),
+# $5 attempts charged (1 for a failure, 0 for a release); buried: $6 tokens, $7 errors; $8 now.
+# Every outcome names its job's fencing token: a stale token (the job was rescued) matches no
+# row and changes nothing. CTE `recorded` holds the tokens recorded.
+_RECORD = f"""
+completed AS (
+    DELETE FROM job_running WHERE token = ANY($1::bigint[]) RETURNING token
+), failed AS (
+    DELETE FROM job_running AS r
+    USING unnest($2::bigint[], $3::timestamptz[], $4::text[], $5::int[])
+          AS u(token, ripe_at, error, charge)
+    WHERE r.token = u.token
+    RETURNING r.token, r.id, r.job_type, r.arguments, u.ripe_at AS next_ripe_at, r.priority,
+              r.attempts + u.charge AS next_attempts, r.max_retries,
+              coalesce(u.error, r.last_error) AS next_error, r.created_at
 ), {
     _back_to_queue(
         "failed",
-        ripe_at="$2::timestamptz",
-        attempts="attempts + $4",
-        error="coalesce($3, last_error)",
-        now="$5::timestamptz",
+        ripe_at="next_ripe_at",
+        attempts="next_attempts",
+        error="next_error",
+        now="$8::timestamptz",
     )
-}
-SELECT count(*) FROM failed
-"""
-
-# $1 token, $2 now, $3 last error
-job_bury = f"""
-WITH failed AS (
-    DELETE FROM job_running WHERE token = $1
-    RETURNING id, job_type, arguments, priority, attempts, max_retries, created_at
-), buried AS (
+}, buried AS (
+    DELETE FROM job_running AS r
+    USING unnest($6::bigint[], $7::text[]) AS u(token, error)
+    WHERE r.token = u.token
+    RETURNING r.token, r.id, r.job_type, r.arguments, r.priority, r.attempts, r.max_retries,
+              u.error, r.created_at
+), dead AS (
     INSERT INTO job_dead ({_DEAD_COLUMNS})
-    SELECT id, job_type, arguments, priority, attempts + 1, max_retries, $3, created_at, $2
-    FROM failed
+    SELECT id, job_type, arguments, priority, attempts + 1, max_retries, error, created_at, $8
+    FROM buried
+), recorded AS (
+    SELECT token FROM completed
+    UNION ALL SELECT token FROM failed
+    UNION ALL SELECT token FROM buried
+)"""
+
+job_record = f"WITH {_RECORD}\nSELECT token FROM recorded"
+
+# $1..$8 outcomes to record and now (as in _RECORD), $9 max jobs, $10 worker id,
+# $11 lease expiry. Records the outcomes and claims in one statement: the jobs whose outcome
+# is recorded free the slots that the claim fills. Rows with a NULL id are recorded tokens.
+job_claim = f"""
+WITH {_RECORD}, claimed AS (
+    DELETE FROM job
+    WHERE id = ANY(ARRAY(
+        SELECT id FROM job
+        WHERE ripe_at <= $8
+        ORDER BY priority DESC, ripe_at
+        LIMIT $9
+        FOR UPDATE SKIP LOCKED
+    ))
+    RETURNING {_COLUMNS}
+), running AS (
+    INSERT INTO job_running ({_COLUMNS}, worker_id, claimed_at, lease_expires_at, token)
+    SELECT {_COLUMNS}, $10, $8, $11, nextval('job_fencing_token')
+    FROM claimed
+    RETURNING token, id, job_type, arguments, attempts, max_retries, ripe_at, claimed_at
 )
-SELECT count(*) FROM failed
+SELECT * FROM running
+UNION ALL
+SELECT token, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM recorded
 """
 
 # $1 worker id, $2 host, $3 pid, $4 now
@@ -208,4 +220,56 @@ FROM (
 ) AS jobs
 GROUP BY job_type
 ORDER BY job_type
+"""
+
+# -- the invariants' check (`jobq.check`): read-only, run in one REPEATABLE READ snapshot -------
+
+# $1 max ids returned. Jobs in more than one of job, job_running, job_dead.
+check_places = """
+WITH twice AS (
+    SELECT id FROM job JOIN job_running USING (id)
+    UNION SELECT id FROM job JOIN job_dead USING (id)
+    UNION SELECT id FROM job_running JOIN job_dead USING (id)
+)
+SELECT count(*) AS violations, coalesce((array_agg(id ORDER BY id))[1:$1], '{}') AS sample
+FROM twice
+"""
+
+# $1 now, $2 heartbeat grace, $3 rescue grace, $4 max ids returned. Running jobs that no live
+# worker holds and that the rescue should have returned more than `rescue grace` ago: their
+# lease expired, or their worker is dead (as the rescue judges it, `_ALIVE`) and its last sign
+# of life (heartbeat, or the claim when its row is gone) is that old.
+check_running = f"""
+WITH alive AS ({_ALIVE}
+), overdue AS (
+    SELECT r.id FROM job_running AS r LEFT JOIN worker AS w ON w.id = r.worker_id
+    WHERE r.lease_expires_at < $1::timestamptz - $3::interval
+       OR (r.worker_id NOT IN (SELECT worker_id FROM alive)
+           AND coalesce(w.heartbeat_at, r.claimed_at) < $1::timestamptz - $3::interval)
+)
+SELECT count(*) AS violations, coalesce((array_agg(id ORDER BY id))[1:$4], '{{}}') AS sample
+FROM overdue
+"""
+
+# $1 max ids returned. Queued or running jobs past their last attempt (they belong in job_dead).
+check_attempts = """
+WITH over AS (
+    SELECT id FROM job WHERE attempts > max_retries
+    UNION ALL SELECT id FROM job_running WHERE attempts > max_retries
+)
+SELECT count(*) AS violations, coalesce((array_agg(id ORDER BY id))[1:$1], '{}') AS sample
+FROM over
+"""
+
+# $1 now, $2 heartbeat grace. Jobs per state, and workers alive or not (as the rescue judges).
+check_counts = f"""
+WITH alive AS ({_ALIVE}
+)
+SELECT (SELECT count(*) FROM job WHERE ripe_at <= $1) AS queued_ripe,
+       (SELECT count(*) FROM job WHERE ripe_at > $1) AS queued_scheduled,
+       (SELECT count(*) FROM job_running) AS running,
+       (SELECT count(*) FROM job_running WHERE lease_expires_at < $1) AS running_lease_expired,
+       (SELECT count(*) FROM job_dead) AS dead,
+       (SELECT count(*) FROM worker WHERE id IN (SELECT worker_id FROM alive)) AS workers_alive,
+       (SELECT count(*) FROM worker WHERE id NOT IN (SELECT worker_id FROM alive)) AS workers_dead
 """

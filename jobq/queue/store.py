@@ -7,7 +7,7 @@ worker's operations take an explicit connection and run as single autocommit sta
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -15,7 +15,7 @@ from jobq import clock
 from jobq.db import Connection, current_transaction, json_arg, write_transaction
 from jobq.db import conn as current_conn
 from jobq.queue import sql
-from jobq.queue.model import ClaimedJob, Enqueued, Job
+from jobq.queue.model import ClaimedJob, Enqueued, Job, Outcome
 
 wakeups: set[asyncio.Event] = set()
 """Wake-up events of the workers of this process; set when a transaction that enqueued commits."""
@@ -89,14 +89,56 @@ async def enqueue_many(jobs: Iterable[Job]) -> list[int]:
     return [r["id"] for r in rows]
 
 
+def _outcome_args(outcomes: Sequence[Outcome], now: datetime) -> list[Any]:
+    """The parameters $1..$8 of `sql._RECORD` for `outcomes`."""
+    completed: list[int] = []
+    requeued: tuple[list[int], list[datetime], list[str | None], list[int]] = ([], [], [], [])
+    buried: tuple[list[int], list[str | None]] = ([], [])
+    for o in outcomes:
+        if o.kind == "complete":
+            completed.append(o.token)
+        elif o.kind == "bury":
+            buried[0].append(o.token)
+            buried[1].append(o.error)
+        else:
+            requeued[0].append(o.token)
+            requeued[1].append(o.ripe_at if o.ripe_at is not None else now)
+            requeued[2].append(o.error if o.kind == "retry" else None)
+            requeued[3].append(1 if o.kind == "retry" else 0)
+    return [completed, *requeued, *buried, now]
+
+
 async def claim(
     conn: Connection, *, worker_id: int, max_jobs: int, now: datetime, lease_expires_at: datetime
 ) -> list[ClaimedJob]:
     """Move up to `max_jobs` ripe jobs (`ripe_at <= now`) from `job` to `job_running` in one
     statement (highest priority, then earliest ripe_at; rows locked by another claim are
     skipped) and return them, each with a new fencing token."""
-    rows = await conn.fetch(sql.job_claim, now, max_jobs, worker_id, lease_expires_at)
-    return [
+    jobs, _ = await record_and_claim(
+        conn, [], worker_id=worker_id, max_jobs=max_jobs, now=now, lease_expires_at=lease_expires_at
+    )
+    return jobs
+
+
+async def record_and_claim(
+    conn: Connection,
+    outcomes: Sequence[Outcome],
+    *,
+    worker_id: int,
+    max_jobs: int,
+    now: datetime,
+    lease_expires_at: datetime,
+) -> tuple[list[ClaimedJob], set[int]]:
+    """Record `outcomes` (as `record` does) and claim up to `max_jobs` (as `claim` does) in one
+    statement, so that the jobs whose outcome is recorded free the slots the claim fills.
+    Return the claimed jobs and the tokens of `outcomes` that were recorded.
+
+    Raises: `asyncpg.PostgresError` (then nothing happened).
+    """
+    rows = await conn.fetch(
+        sql.job_claim, *_outcome_args(outcomes, now), max_jobs, worker_id, lease_expires_at
+    )
+    jobs = [
         ClaimedJob(
             id=r["id"],
             job_type=r["job_type"],
@@ -108,13 +150,28 @@ async def claim(
             claimed_at=r["claimed_at"],
         )
         for r in rows
+        if r["id"] is not None
     ]
+    return jobs, {r["token"] for r in rows if r["id"] is None}
+
+
+async def record(conn: Connection, outcomes: Sequence[Outcome], *, now: datetime) -> set[int]:
+    """Record the outcomes of many claimed jobs in one statement (`sql.job_record`) and return
+    the tokens that were still held; a rescued job's stale token matches nothing.
+
+    A re-queued job identical to one queued meanwhile is merged into it (`sql._back_to_queue`).
+    `now` (aware UTC) stamps `died_at` of buried and merged jobs.
+    Raises: `asyncpg.PostgresError` on database errors (then nothing is recorded).
+    """
+    rows = await conn.fetch(sql.job_record, *_outcome_args(outcomes, now))
+    return {r["token"] for r in rows}
 
 
 async def complete(conn: Connection, tokens: list[int]) -> int:
     """Record the success of the jobs claimed with `tokens`: they leave `job_running`.
     Return how many were still held (a rescued job's stale token matches nothing)."""
-    return len(await conn.fetch(sql.job_complete, tokens))
+    outcomes = [Outcome(token, "complete") for token in tokens]
+    return len(await record(conn, outcomes, now=clock.now()))
 
 
 async def retry(
@@ -123,19 +180,19 @@ async def retry(
     """Record a failed attempt: back to `job` with one more attempt, `ripe_at` and `error`
     (merged into an identical job queued meanwhile, if any; see `sql._back_to_queue`).
     Return False when the token is stale (the job was rescued meanwhile)."""
-    return bool(await conn.fetchval(sql.job_retry, token, ripe_at, error, 1, now))
+    return bool(await record(conn, [Outcome(token, "retry", ripe_at, error)], now=now))
 
 
 async def release(conn: Connection, token: int, *, now: datetime) -> bool:
     """Put a claimed job back in `job`, ripe at `now`, without charging an attempt (used when a
     worker stops). Return False when the token is stale."""
-    return bool(await conn.fetchval(sql.job_retry, token, now, None, 0, now))
+    return bool(await record(conn, [Outcome(token, "release", now)], now=now))
 
 
 async def bury(conn: Connection, token: int, *, now: datetime, error: str) -> bool:
     """Move a claimed job to the dead letter (`job_dead`) with `error`, charging the attempt.
     Return False when the token is stale."""
-    return bool(await conn.fetchval(sql.job_bury, token, now, error))
+    return bool(await record(conn, [Outcome(token, "bury", error=error)], now=now))
 
 
 async def rescue(conn: Connection, *, now: datetime, heartbeat_grace: timedelta) -> int:

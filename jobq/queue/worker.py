@@ -34,6 +34,7 @@ from jobq import clock, db
 from jobq.config import Settings
 from jobq.db import Database
 from jobq.queue import sql, store
+from jobq.queue.acker import Acker
 from jobq.queue.executor import Executor, describe
 from jobq.queue.model import ClaimedJob
 from jobq.queue.registry import Registry, registry
@@ -69,8 +70,10 @@ class Worker:
         self._claim_lock = asyncio.Lock()
         self._tasks: dict[asyncio.Task[None], ClaimedJob] = {}
         self._held: set[int] = set()
+        """Tokens of the jobs this worker holds: running, or their outcome not recorded yet."""
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.executor = Executor(database, settings, handlers, self.state, self.counts)
+        self.acker = Acker(database, settings, self.counts, self._held.discard)
+        self.executor = Executor(settings, handlers, self.state, self.acker)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -124,12 +127,13 @@ class Worker:
 
     @property
     def free_slots(self) -> int:
-        """Slots not taken by a claimed job (running or recording its outcome)."""
-        return self.settings.max_concurrent_jobs - len(self._tasks)
+        """Slots not taken by a claimed job: running, or its outcome not recorded yet. So this
+        worker never holds more rows of `job_running` than it has slots."""
+        return self.settings.max_concurrent_jobs - len(self._tasks) - self.acker.pending
 
     @property
     def running(self) -> int:
-        """How many claimed jobs this worker holds now."""
+        """How many claimed jobs are running now (handler not returned)."""
         return len(self._tasks)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -145,6 +149,7 @@ class Worker:
             asyncio.create_task(self._watch(stop)),
         ]
         poll = self.settings.poll_interval.total_seconds()
+        self.acker.deferred = True  # the claims take the outcomes of finished jobs with them
         try:
             while not self._stopping.is_set():
                 self._wake.clear()
@@ -201,6 +206,7 @@ class Worker:
         self._wake.set()
         async with self._claim_lock:
             pass  # a claim in flight finishes and starts its jobs
+        self.acker.undefer()  # no more claims: outcomes are recorded as jobs finish
         drain = self.settings.drain_timeout if drain_timeout is None else drain_timeout
         timeout = drain.total_seconds()
         if self._tasks:
@@ -226,6 +232,7 @@ class Worker:
                 "worker %s: waiting for jobs running in threads (they cannot be cancelled)", self.id
             )
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.acker.flush()
         store.wakeups.discard(self._wake)
         self.executor.close()
         if self.id is not None:
@@ -243,28 +250,39 @@ class Worker:
         """Wait until every claimed job has run and its outcome is recorded (for tests)."""
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.acker.flush()
 
     # -- one round of each service ---------------------------------------------------------
 
     async def run_once(self) -> int:
-        """Claim up to the free slots in one statement and start the jobs; return how many.
+        """Record the outcomes of finished jobs and claim up to the slots that frees, in one
+        statement, and start the claimed jobs; return how many were claimed.
 
-        Claims nothing while stopping or while the liveness lock is not held. One claim at a
-        time per worker, so free slots are never counted twice.
+        Claims nothing while stopping or while the liveness lock is not held (outcomes are
+        still recorded). One claim at a time per worker, so free slots are never counted twice.
+        Raises: `asyncpg.PostgresError` / `OSError` (the outcomes wait for the next round).
         """
         async with self._claim_lock:
-            free = self.free_slots
-            if free <= 0 or self._stopping.is_set() or not self.alive or self.id is None:
+            batch = self.acker.take()
+            claiming = not self._stopping.is_set() and self.alive and self.id is not None
+            free = self.free_slots + len(batch) if claiming else 0
+            if not batch and free <= 0:
                 return 0
             now = clock.now()
-            async with self.database.pool.acquire() as conn:
-                jobs = await store.claim(
-                    conn,
-                    worker_id=self.id,
-                    max_jobs=free,
-                    now=now,
-                    lease_expires_at=now + self.settings.lease,
-                )
+            try:
+                async with self.database.pool.acquire() as conn:
+                    jobs, recorded = await store.record_and_claim(
+                        conn,
+                        [outcome for _, outcome in batch],
+                        worker_id=self.id or 0,
+                        max_jobs=free,
+                        now=now,
+                        lease_expires_at=now + self.settings.lease,
+                    )
+            except BaseException:
+                self.acker.restore(batch)
+                raise
+            self.acker.settle(batch, recorded)
             for job in jobs:
                 self._start(job)
             self.counts["claimed"] += len(jobs)
@@ -307,9 +325,7 @@ class Worker:
         task.add_done_callback(self._on_done)
 
     def _on_done(self, task: asyncio.Task[None]) -> None:
-        job = self._tasks.pop(task, None)
-        if job is not None:
-            self._held.discard(job.token)
+        self._tasks.pop(task, None)  # its token stays held until the acker settles its outcome
         self._wake.set()
         if not task.cancelled() and task.exception() is not None:
             log.error("job task crashed", exc_info=task.exception())

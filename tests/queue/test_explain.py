@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -37,12 +37,53 @@ async def plan(conn: Connection, statement: str, *args: object) -> str:
     return "\n".join(r[0] for r in rows)
 
 
+def outcomes(tokens: list[int], now: datetime) -> list[object]:
+    """`sql._RECORD`'s parameters $1..$8: complete, re-queue and bury a third of `tokens` each."""
+    done, failed, buried = tokens[0::3], tokens[1::3], tokens[2::3]
+    return [
+        done,
+        failed,
+        [now] * len(failed),
+        ["boom"] * len(failed),
+        [1] * len(failed),
+        buried,
+        ["dead"] * len(buried),
+        now,
+    ]
+
+
 async def test_claim_uses_the_claim_index(filled: Connection) -> None:
     now = clock.now()
-    text = await plan(filled, sql.job_claim, now, 10, 1, now + timedelta(seconds=30))
+    args = [*outcomes([], now), 10, 1, now + timedelta(seconds=30)]
+    text = await plan(filled, sql.job_claim, *args)
     assert re.search(r"Index Scan using job_claim_idx on job", text), text
     assert "Sort" not in text, text  # the index gives the order: no sort of the ripe jobs
     assert await filled.fetchval("SELECT count(*) FROM job") == NUM_JOBS  # EXPLAIN ran nothing
+
+
+async def running(conn: Connection) -> list[int]:
+    """Claim 3,000 of the filled jobs (so `job_running` is big enough for a plan to matter)."""
+    now = clock.now()
+    args = [*outcomes([], now), 3000, 1, now + timedelta(seconds=30)]
+    rows = await conn.fetch(sql.job_claim, *args)
+    await conn.execute("ANALYZE job_running")
+    return [r["token"] for r in rows]
+
+
+@pytest.mark.parametrize("statement", ["job_record", "job_claim"])
+async def test_acks_find_their_rows_by_the_token_index(filled: Connection, statement: str) -> None:
+    tokens = await running(filled)
+    now = clock.now()
+    args = outcomes(tokens[:30], now)
+    if statement == "job_claim":
+        args += [10, 1, now + timedelta(seconds=30)]
+    text = await plan(filled, getattr(sql, statement), *args)
+    # completed, failed and buried each find their rows by token, never by scanning job_running
+    assert len(re.findall(r"Index Scan using job_running_token_key on job_running", text)) >= 3, (
+        text
+    )
+    assert not re.search(r"Seq Scan on job_running\b", text), text
+    assert await filled.fetchval("SELECT count(*) FROM job_running") == len(tokens)
 
 
 async def test_dedup_lookup_uses_the_md5_index(filled: Connection) -> None:

@@ -1,0 +1,161 @@
+"""Recording outcomes in batches: the completions, re-queues and burials of many jobs go in one
+statement, with one batch in flight at a time per worker.
+
+While the worker claims, it takes the waiting outcomes into its next claim (`Worker.run_once`,
+`sql.job_claim`): a finished job wakes it, and one statement records what finished and fills the
+slots that freed. Otherwise (stopping, or driven by hand in tests) the acker records them itself
+(`sql.job_record`): an outcome waits for the batch in flight, if any, and one turn of the event
+loop, then goes with everything that finished meanwhile. Either way batches grow with the load,
+like a database's group commit, and an idle worker records an outcome at once.
+
+A job whose outcome is not recorded yet stays in `job_running` under its worker's lease (the
+heartbeat extends it): a crash before the batch commits can only make it run again after the
+rescue, never lose it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+from collections import Counter
+from collections.abc import Callable
+
+from jobq import clock
+from jobq.config import Settings
+from jobq.db import Database
+from jobq.queue import store
+from jobq.queue.model import ClaimedJob, Outcome
+
+log = logging.getLogger("jobq.worker")
+
+COUNTS = {"complete": "completed", "retry": "retried", "release": "released", "bury": "buried"}
+"""The name under which `Worker.counts` counts each kind of recorded outcome."""
+
+
+class Acker:
+    """Records the outcomes of one worker's jobs in batches.
+
+    `counts` (shared with the worker) gains, per outcome, its `COUNTS` name when recorded,
+    `rejected` when its token was stale (the job had been rescued), or `lost_acks` when the
+    database could not be reached within one lease. `on_settled(token)` is called for each
+    outcome once it is settled, whichever way.
+    """
+
+    def __init__(
+        self,
+        database: Database,
+        settings: Settings,
+        counts: Counter[str],
+        on_settled: Callable[[int], None],
+    ) -> None:
+        self.database = database
+        self.settings = settings
+        self.counts = counts
+        self.on_settled = on_settled
+        self._pending: list[tuple[ClaimedJob, Outcome]] = []
+        self._flushing: asyncio.Task[None] | None = None
+        self._in_flight = 0
+        self.deferred = False
+        """True while the worker's claims take the outcomes (`take`); else the acker records
+        them itself."""
+
+    @property
+    def pending(self) -> int:
+        """Outcomes not settled yet (waiting, or in the batch in flight)."""
+        return len(self._pending) + self._in_flight
+
+    def add(self, job: ClaimedJob, outcome: Outcome) -> None:
+        """Queue `outcome` of `job` for the next batch; never blocks."""
+        self._pending.append((job, outcome))
+        if not self.deferred:
+            self._start_flush()
+
+    def take(self) -> list[tuple[ClaimedJob, Outcome]]:
+        """Take the waiting outcomes, to be recorded by the caller and `settle`d (or `restore`d
+        when that failed)."""
+        batch, self._pending = self._pending, []
+        self._in_flight += len(batch)
+        return batch
+
+    def restore(self, batch: list[tuple[ClaimedJob, Outcome]]) -> None:
+        """Give back a batch from `take` that could not be recorded; it goes first next time."""
+        self._in_flight -= len(batch)
+        self._pending[:0] = batch
+        if not self.deferred:
+            self._start_flush()
+
+    def settle(self, batch: list[tuple[ClaimedJob, Outcome]], recorded: set[int] | None) -> None:
+        """Count and log what became of a batch from `take`: `recorded` holds the tokens
+        recorded (None: none could be)."""
+        self._in_flight -= len(batch)
+        self._settle(batch, recorded)
+
+    def undefer(self) -> None:
+        """From now on record outcomes without waiting for a claim to take them."""
+        self.deferred = False
+        if self._pending:
+            self._start_flush()
+
+    async def flush(self) -> None:
+        """Record every outcome waiting now (and from now on: `undefer`), and wait until all
+        are settled."""
+        self.undefer()
+        while self._flushing is not None:
+            await asyncio.shield(self._flushing)
+
+    def _start_flush(self) -> None:
+        if self._flushing is None:
+            self._flushing = asyncio.get_running_loop().create_task(
+                self._flush(), context=contextvars.Context()
+            )
+
+    async def _flush(self) -> None:
+        try:
+            while self._pending and not self.deferred:
+                await asyncio.sleep(0)  # outcomes of jobs ending in this turn join the batch
+                batch = self.take()
+                recorded = await self._record([outcome for _, outcome in batch])
+                self.settle(batch, recorded)
+        finally:
+            self._flushing = None
+
+    async def _record(self, outcomes: list[Outcome]) -> set[int] | None:
+        """Run the batch's statement, retrying through database trouble for up to one lease.
+        Return the tokens recorded, or None when it could not be done (the jobs' leases then
+        expire and the rescue returns them to the queue: a re-run, never a loss)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.lease.total_seconds()
+        delay = 0.05
+        while True:
+            try:
+                async with self.database.pool.acquire() as conn:
+                    return await store.record(conn, outcomes, now=clock.now())
+            except Exception as exc:
+                if loop.time() + delay > deadline:
+                    log.error(
+                        "could not record %d job outcomes (%s: %s); their leases will expire",
+                        len(outcomes),
+                        type(exc).__name__,
+                        exc,
+                    )
+                    return None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _settle(self, batch: list[tuple[ClaimedJob, Outcome]], recorded: set[int] | None) -> None:
+        for job, outcome in batch:
+            if recorded is None:
+                self.counts["lost_acks"] += 1
+            elif outcome.token in recorded:
+                self.counts[COUNTS[outcome.kind]] += 1
+                if outcome.kind == "bury":
+                    log.error("job %s (%s) is dead: %s", job.id, job.job_type, outcome.error)
+            else:
+                self.counts["rejected"] += 1
+                log.warning(
+                    "job %s was rescued from this worker; its outcome (%s) is not recorded",
+                    job.id,
+                    outcome.kind,
+                )
+            self.on_settled(outcome.token)

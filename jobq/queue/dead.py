@@ -1,0 +1,111 @@
+"""Admin operations on the dead letter and the workers: statements, and thin verbs over them.
+
+The statements follow `jobq.queue.sql` (one statement per state change, noun-first names, the
+time passed as a parameter); a worker's liveness is `sql._ALIVE`, the very rule the rescue uses.
+The verbs take the connection of the caller's transaction.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from jobq.db import Connection
+from jobq.errors import Conflict, NotFound
+from jobq.queue import sql
+
+_DEAD_COLUMNS = (
+    "id, job_type, arguments, priority, attempts, max_retries, last_error, created_at, died_at"
+)
+_QUEUED_COLUMNS = (
+    "id, job_type, arguments, ripe_at, priority, attempts, max_retries, last_error, created_at"
+)
+
+# $1 limit, $2 list ids below this one (NULL: from the newest). Newest (highest id) first.
+job_dead_list = f"""
+SELECT {_DEAD_COLUMNS} FROM job_dead
+WHERE id < coalesce($2::bigint, 9223372036854775807)
+ORDER BY id DESC
+LIMIT $1
+"""
+
+# $1 id, $2 now. Back to `job`, ripe now, with its retries reset (`attempts` 0) and its last
+# error kept. The dead row is locked first, so a concurrent retry or discard of the same job
+# waits and then finds it gone. When an identical job is queued (same md5), nothing changes.
+job_dead_retry = f"""
+WITH requeued AS (
+    INSERT INTO job ({_QUEUED_COLUMNS})
+    SELECT id, job_type, arguments, $2::timestamptz, priority, 0, max_retries, last_error,
+           created_at
+    FROM (SELECT * FROM job_dead WHERE id = $1 FOR UPDATE) AS dead
+    ON CONFLICT (md5) DO NOTHING
+    RETURNING {_QUEUED_COLUMNS}
+), revived AS (
+    DELETE FROM job_dead WHERE id IN (SELECT id FROM requeued)
+)
+SELECT {_QUEUED_COLUMNS} FROM requeued
+"""
+
+# $1 id. The queued job identical to dead job $1, if any (one row while the dead job exists).
+job_dead_twin = """
+SELECT j.id AS twin_id
+FROM job_dead AS d LEFT JOIN job AS j ON j.md5 = md5(d.job_type || d.arguments::text)
+WHERE d.id = $1
+"""
+
+# $1 id
+job_dead_discard = "DELETE FROM job_dead WHERE id = $1 RETURNING id"
+
+# $1 now, $2 heartbeat grace (as in `job_rescue`)
+worker_list = f"""
+WITH alive AS ({sql._ALIVE}
+)
+SELECT w.id, w.host, w.pid, w.started_at, w.heartbeat_at,
+       w.id IN (SELECT worker_id FROM alive) AS alive,
+       (SELECT count(*) FROM job_running AS r WHERE r.worker_id = w.id) AS running_jobs
+FROM worker AS w
+ORDER BY w.id
+"""
+
+MAX_TRIES = 3
+
+
+async def list_dead(conn: Connection, *, limit: int, after: int | None) -> list[dict[str, Any]]:
+    """Return up to `limit` dead jobs, newest (highest id) first; with `after`, those whose id
+    is lower than `after` (the last id of the previous page)."""
+    return [dict(r) for r in await conn.fetch(job_dead_list, limit, after)]
+
+
+async def retry(conn: Connection, job_id: int, *, now: datetime) -> dict[str, Any]:
+    """Move dead job `job_id` back to the queue, ripe at `now`, with `attempts` reset to 0 (a
+    full retry budget again) and its `last_error` kept; return the queued row.
+
+    Raises: `NotFound` when there is no such dead job (never was, or retried or discarded
+    meanwhile); `Conflict` (with `queued_job_id`, the twin's id) when an identical job is
+    queued: the dead job stays where it is (discard it, or retry it once the twin has run).
+    """
+    for _ in range(MAX_TRIES):
+        row = await conn.fetchrow(job_dead_retry, job_id, now)
+        if row is not None:
+            return dict(row)
+        twin = await conn.fetchrow(job_dead_twin, job_id)
+        if twin is None:
+            raise NotFound("no such dead job", job_id=job_id)
+        if twin["twin_id"] is not None:
+            raise Conflict("an identical job is queued", queued_job_id=twin["twin_id"])
+        # The twin was claimed between the two statements: try again.
+    raise Conflict("an identical job keeps being queued and claimed; try again")
+
+
+async def discard(conn: Connection, job_id: int) -> None:
+    """Delete dead job `job_id` for good. Raises: `NotFound`."""
+    if await conn.fetchval(job_dead_discard, job_id) is None:
+        raise NotFound("no such dead job", job_id=job_id)
+
+
+async def list_workers(
+    conn: Connection, *, now: datetime, heartbeat_grace: timedelta
+) -> list[dict[str, Any]]:
+    """Return every registered worker by id, with `alive` (by the rescue's rule, `sql._ALIVE`,
+    at `now` with `heartbeat_grace`) and `running_jobs` (its rows in `job_running`)."""
+    return [dict(r) for r in await conn.fetch(worker_list, now, heartbeat_grace)]
