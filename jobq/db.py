@@ -49,10 +49,15 @@ def application_name() -> str:
     return f"jobq/{os.getpid()}@{socket.gethostname()}"[:63]
 
 
-async def connect(dsn: str) -> asyncpg.Connection[asyncpg.Record]:
-    """Open one connection outside the pool (listener, migrations, tests), with the same codecs."""
+async def connect(
+    dsn: str, *, server_settings: dict[str, str] | None = None, command_timeout: float | None = None
+) -> asyncpg.Connection[asyncpg.Record]:
+    """Open one connection outside the pool (listener, migrations, tests), with the same codecs
+    and `application_name`, plus `server_settings`; `command_timeout` is in seconds."""
     conn: asyncpg.Connection[asyncpg.Record] = await asyncpg.connect(
-        dsn, server_settings={"application_name": application_name()}
+        dsn,
+        server_settings={"application_name": application_name(), **(server_settings or {})},
+        command_timeout=command_timeout,
     )
     await _init_connection(conn)
     return conn

@@ -24,7 +24,8 @@ import logging
 import os
 import socket
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -32,7 +33,7 @@ import asyncpg
 
 from jobq import clock, db
 from jobq.config import Settings
-from jobq.db import Database
+from jobq.db import Connection, Database
 from jobq.queue import sql, store
 from jobq.queue.acker import Acker
 from jobq.queue.executor import Executor, describe
@@ -95,7 +96,14 @@ class Worker:
         )
 
     async def _connect(self) -> None:
-        conn = await db.connect(self.database.dsn)
+        # The claims run here too: a worker claims only while it holds its liveness lock. Their
+        # statement is planned once (a generic plan): planning it anew each time costs more
+        # than running it; tests read both plans (tests/queue/test_explain.py).
+        conn = await db.connect(
+            self.database.dsn,
+            server_settings={"plan_cache_mode": "force_generic_plan"},
+            command_timeout=self.settings.db_command_timeout.total_seconds(),
+        )
         try:
             if self.id is None:
                 self.id = await conn.fetchval(sql.worker_next_id)
@@ -270,7 +278,7 @@ class Worker:
                 return 0
             now = clock.now()
             try:
-                async with self.database.pool.acquire() as conn:
+                async with self._claim_connection() as conn:
                     jobs, recorded = await store.record_and_claim(
                         conn,
                         [outcome for _, outcome in batch],
@@ -287,6 +295,16 @@ class Worker:
                 self._start(job)
             self.counts["claimed"] += len(jobs)
             return len(jobs)
+
+    @asynccontextmanager
+    async def _claim_connection(self) -> AsyncIterator[Connection]:
+        """The listener while it is connected (so claims need the liveness lock), else a pooled
+        connection (to record outcomes while the listener reconnects)."""
+        if self._listener is not None and not self._listener.is_closed():
+            yield self._listener
+        else:
+            async with self.database.pool.acquire() as conn:
+                yield conn
 
     async def heartbeat(self) -> int:
         """Extend the leases of the jobs this worker holds to now + lease (and its row's
