@@ -63,6 +63,17 @@ async def connect(
     return conn
 
 
+async def _keep_session(conn: Connection) -> None:
+    """Return a connection to the pool without asyncpg's reset query (`RESET ALL`,
+    `UNLISTEN *`, `pg_advisory_unlock_all()`, `CLOSE ALL`): one round trip less per use.
+
+    asyncpg still rolls back a transaction left open and drops listeners. Session state set on
+    a pooled connection (a plain `SET`, a session advisory lock, `LISTEN`) would outlive its
+    use, as behind PgBouncer's transaction pooling: use `SET LOCAL` and transaction-level locks,
+    and `connect()` for a connection of one's own.
+    """
+
+
 class Database:
     """An asyncpg pool and its DSN. Create with `Database.open(settings, dsn)`; close it last."""
 
@@ -82,6 +93,7 @@ class Database:
             max_size=settings.max_pool_size,
             command_timeout=settings.db_command_timeout.total_seconds(),
             init=_init_connection,
+            reset=_keep_session,
             server_settings={"application_name": application_name()},
         )
         return cls(pool, dsn)

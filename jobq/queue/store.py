@@ -12,7 +12,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from jobq import clock
-from jobq.db import Connection, current_transaction, json_arg, write_transaction
+from jobq.db import (
+    Connection,
+    current_database,
+    current_transaction,
+    json_arg,
+    write_transaction,
+)
 from jobq.db import conn as current_conn
 from jobq.queue import sql
 from jobq.queue.model import ClaimedJob, Enqueued, Job, Outcome
@@ -32,9 +38,9 @@ def _after_commit_wake() -> None:
         tx.after_commit.append(_wake_local_workers)
 
 
-@write_transaction
 async def enqueue(job: Job) -> Enqueued:
-    """Queue `job` in the transaction in progress (or in its own) and return its id.
+    """Queue `job` in the transaction in progress and return its id; outside a transaction its
+    one statement runs alone (autocommit: one round trip).
 
     When an identical job (same `job_type` and `arguments`) is queued already, nothing is
     inserted and that job's id is returned with `duplicate=True`. Workers are woken once per
@@ -42,7 +48,16 @@ async def enqueue(job: Job) -> Enqueued:
     an event. A job already running does not count as a duplicate and never makes this wait.
     Raises: `asyncpg.PostgresError` on database errors.
     """
-    conn = current_conn()
+    if current_transaction() is not None:
+        return await _enqueue(current_conn(), job)
+    async with current_database().pool.acquire() as conn:
+        enqueued = await _enqueue(conn, job)
+    if not enqueued.duplicate:
+        _wake_local_workers()
+    return enqueued
+
+
+async def _enqueue(conn: Connection, job: Job) -> Enqueued:
     for _ in range(3):
         row = await conn.fetchrow(
             sql.job_enqueue,
@@ -219,3 +234,14 @@ async def next_ripe_at(conn: Connection, *, now: datetime) -> datetime | None:
 async def stats(conn: Connection, *, now: datetime) -> list[dict[str, Any]]:
     """Return per job type: `ripe` and `scheduled` queued jobs, `running`, `dead`."""
     return [dict(r) for r in await conn.fetch(sql.job_stats, now)]
+
+
+async def vacuum_stats(conn: Connection, *, now: datetime) -> dict[str, Any]:
+    """Return what an operator needs to see the vacuum horizon pinned: `oldest_transaction_s`,
+    the age in seconds at `now` of the oldest transaction open in this database other than
+    ours (None when there is none), and `tables`: per queue table (`job`, `job_dead`,
+    `job_running`) `n_live_tup`, `n_dead_tup` and `last_autovacuum_at` (None if never), from
+    `pg_stat_user_tables`, which lags the tables by up to a second or so."""
+    oldest: float | None = await conn.fetchval(sql.job_stats_oldest_transaction, now)
+    tables = [dict(r) for r in await conn.fetch(sql.job_stats_tables)]
+    return {"oldest_transaction_s": oldest, "tables": tables}

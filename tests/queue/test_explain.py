@@ -52,7 +52,10 @@ def outcomes(tokens: list[int], now: datetime) -> list[object]:
     ]
 
 
-async def test_claim_uses_the_claim_index(filled: Connection) -> None:
+@pytest.mark.parametrize("plan_cache_mode", ["auto", "force_generic_plan"])
+async def test_claim_uses_the_claim_index(filled: Connection, plan_cache_mode: str) -> None:
+    # workers claim with a generic plan (jobq.queue.worker), so that plan is checked too
+    await filled.execute(f"SET plan_cache_mode = {plan_cache_mode}")
     now = clock.now()
     args = [*outcomes([], now), 10, 1, now + timedelta(seconds=30)]
     text = await plan(filled, sql.job_claim, *args)
@@ -70,9 +73,13 @@ async def running(conn: Connection) -> list[int]:
     return [r["token"] for r in rows]
 
 
+@pytest.mark.parametrize("plan_cache_mode", ["auto", "force_generic_plan"])
 @pytest.mark.parametrize("statement", ["job_record", "job_claim"])
-async def test_acks_find_their_rows_by_the_token_index(filled: Connection, statement: str) -> None:
+async def test_acks_find_their_rows_by_the_token_index(
+    filled: Connection, statement: str, plan_cache_mode: str
+) -> None:
     tokens = await running(filled)
+    await filled.execute(f"SET plan_cache_mode = {plan_cache_mode}")
     now = clock.now()
     args = outcomes(tokens[:30], now)
     if statement == "job_claim":

@@ -117,8 +117,11 @@ async def test_listener_reconnect_does_not_hand_out_running_jobs(
         await gate.enter(job.attempt)
 
     created = await enqueue(Job(job_type="gated"))
-    worker_a = await make_worker(handlers)
-    worker_b = await make_worker(handlers)
+    # The heartbeat grace (3 x interval) must outlast this test's steps on a loaded machine;
+    # the test drives heartbeats itself.
+    beat = {"heartbeat_interval": timedelta(seconds=10)}
+    worker_a = await make_worker(handlers, **beat)
+    worker_b = await make_worker(handlers, **beat)
     try:
         assert await worker_a.run_once() == 1
         await gate.wait_entered(1)
