@@ -6,7 +6,7 @@ job is in the dead letter, `scheduled` otherwise (queued or running).
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Literal, Self
 
 from pydantic import AwareDatetime, BaseModel, Field, model_validator
@@ -49,7 +49,7 @@ class NewReminder(BaseModel):
     def due_at(self, now: datetime) -> datetime:
         """Return when the reminder is due (aware UTC), given the current time."""
         if self.remind_at is not None:
-            return self.remind_at
+            return self.remind_at.astimezone(UTC)
         assert self.remind_in_seconds is not None
         return now + timedelta(seconds=self.remind_in_seconds)
 
@@ -90,22 +90,35 @@ async def schedule_reminder(user_id: int, data: NewReminder) -> Reminder:
     """Insert a reminder and enqueue its `send_reminder` job (ripe at the due time) in the same
     transaction. Raises: `NotFound` when the user does not exist."""
     conn = db.conn()
-    await require_user(user_id)
     now = clock.now()
     remind_at = data.due_at(now)
-    reminder_id: int = await conn.fetchval(
+    reminder_id: int | None = await conn.fetchval(
         "INSERT INTO reminders (user_id, message, remind_at, created_at)"
-        " VALUES ($1, $2, $3, $4) RETURNING id",
+        " SELECT $1, $2, $3, $4 WHERE EXISTS (SELECT FROM users WHERE id = $1) RETURNING id",
         user_id,
         data.message,
         remind_at,
         now,
     )
+    if reminder_id is None:
+        raise NotFound("no such user", user_id=user_id)
     job = await enqueue(
         Job(job_type=SEND_REMINDER, arguments={"reminder_id": reminder_id}, ripe_at=remind_at)
     )
     await conn.execute("UPDATE reminders SET job_id = $2 WHERE id = $1", reminder_id, job.id)
-    return await get_reminder(reminder_id)
+    # As `get_reminder` would read it back inside this transaction: nothing else has seen it.
+    return Reminder(
+        id=reminder_id,
+        user_id=user_id,
+        message=data.message,
+        remind_at=remind_at,
+        status="scheduled",
+        attempts=0,
+        sent_at=None,
+        last_error=None,
+        job_id=job.id,
+        created_at=now,
+    )
 
 
 async def get_reminder(reminder_id: int) -> Reminder:
