@@ -38,7 +38,8 @@ _DEAD_COLUMNS = (
 
 
 def _back_to_queue(source: str, *, ripe_at: str, attempts: str, error: str, now: str) -> str:
-    """CTEs that put the rows of CTE `source` back in `job`, ripe at `ripe_at`.
+    """CTEs that put the rows of CTE `source` back in `job`, ripe at `ripe_at`. The
+    expressions name the source's columns as `s.<column>`.
 
     A row identical to a job queued meanwhile (same md5) is merged into it: that job ripens
     no later than this one would have, and this one's end is recorded in `job_dead` as
@@ -47,9 +48,9 @@ def _back_to_queue(source: str, *, ripe_at: str, attempts: str, error: str, now:
     return f"""
 requeued AS (
     INSERT INTO job ({_COLUMNS})
-    SELECT id, job_type, arguments, {ripe_at}, priority, {attempts}, max_retries, {error},
-           created_at
-    FROM {source}
+    SELECT s.id, s.job_type, s.arguments, {ripe_at}, s.priority, {attempts}, s.max_retries,
+           {error}, s.created_at
+    FROM {source} AS s
     ON CONFLICT (md5) DO NOTHING
     RETURNING id
 ), hastened AS (
@@ -80,15 +81,18 @@ completed AS (
     USING unnest($2::bigint[], $3::timestamptz[], $4::text[], $5::int[])
           AS u(token, ripe_at, error, charge)
     WHERE r.token = u.token
-    RETURNING r.token, r.id, r.job_type, r.arguments, u.ripe_at AS next_ripe_at, r.priority,
+    RETURNING r.token, r.id, r.job_type, r.arguments, r.priority,
+              -- a release keeps the job's place in the queue; a retry waits its backoff
+              CASE WHEN u.charge = 0 THEN least(r.ripe_at, u.ripe_at) ELSE u.ripe_at END
+                  AS next_ripe_at,
               r.attempts + u.charge AS next_attempts, r.max_retries,
               coalesce(u.error, r.last_error) AS next_error, r.created_at
 ), {
     _back_to_queue(
         "failed",
-        ripe_at="next_ripe_at",
-        attempts="next_attempts",
-        error="next_error",
+        ripe_at="s.next_ripe_at",
+        attempts="s.next_attempts",
+        error="s.next_error",
         now="$8::timestamptz",
     )
 }, buried AS (
@@ -162,7 +166,9 @@ APPLICATION_NAME = "left('jobq/' || {w}.pid || '@' || {w}.host, 63)"
 # $1 now, $2 heartbeat grace. A worker is alive while it holds its liveness lock, or while
 # its process still has a session and its heartbeat is recent (its listener is reconnecting).
 # So a killed process (all its sessions gone at once) is dead at once, a dropped listener alone
-# is not, and a hung worker is dead when its leases expire.
+# is not, and a hung worker is dead when its leases expire. After a restart of the server every
+# session was cut at once and no heartbeat could be written: for the grace after the server's
+# start, every worker is alive, so that each can reconnect and take its lock again.
 _ALIVE = f"""
     SELECT objid::bigint AS worker_id FROM pg_locks
     WHERE locktype = 'advisory' AND classid = {WORKER_LOCK_CLASS} AND objsubid = 2 AND granted
@@ -173,10 +179,14 @@ _ALIVE = f"""
       AND EXISTS (SELECT FROM pg_stat_activity AS a
                   WHERE a.datname = current_database()
                     AND a.application_name = {APPLICATION_NAME.format(w="w")})
+    UNION
+    SELECT w.id FROM worker AS w
+    WHERE pg_postmaster_start_time() >= $1::timestamptz - $2::interval
 """
 
 # $1 now, $2 heartbeat grace, $3 last error. A rescue charges an attempt: a job that kills its
-# worker every time must end in the dead letter rather than crash workers forever.
+# worker every time must end in the dead letter rather than crash workers forever. A rescued
+# job keeps its place in the queue (its own ripe_at), ahead of jobs that ripened since.
 job_rescue = f"""
 WITH alive AS ({_ALIVE}
 ), lost AS (
@@ -188,8 +198,8 @@ WITH alive AS ({_ALIVE}
 ), {
     _back_to_queue(
         "retrying",
-        ripe_at="$1::timestamptz",
-        attempts="attempts + 1",
+        ripe_at="least(s.ripe_at, $1::timestamptz)",
+        attempts="s.attempts + 1",
         error="$3::text",
         now="$1::timestamptz",
     )
@@ -272,4 +282,24 @@ SELECT (SELECT count(*) FROM job WHERE ripe_at <= $1) AS queued_ripe,
        (SELECT count(*) FROM job_dead) AS dead,
        (SELECT count(*) FROM worker WHERE id IN (SELECT worker_id FROM alive)) AS workers_alive,
        (SELECT count(*) FROM worker WHERE id NOT IN (SELECT worker_id FROM alive)) AS workers_dead
+"""
+
+# -- what pins the vacuum horizon (`/jobs/stats`) ---------------------------------------------
+
+# $1 now. Age of the oldest transaction open in this database, other than the caller's: while
+# it lasts, vacuum can remove no row deleted after it began, so the queue tables' dead tuples
+# pile up (a claim then steps over them).
+job_stats_oldest_transaction = """
+SELECT greatest(0, extract(epoch FROM $1::timestamptz - min(xact_start)))::float8
+FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL
+"""
+
+# Live and dead tuples of the queue tables (as the statistics collector last heard), and their
+# last autovacuum.
+job_stats_tables = """
+SELECT relname AS table, n_live_tup, n_dead_tup, last_autovacuum AS last_autovacuum_at
+FROM pg_stat_user_tables
+WHERE relname IN ('job', 'job_running', 'job_dead') AND schemaname = current_schema()
+ORDER BY relname
 """
