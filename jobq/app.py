@@ -22,10 +22,11 @@ from werkzeug.exceptions import HTTPException, NotFound
 from werkzeug.routing import IntegerConverter
 
 from jobq import db, jobs
-from jobq.api import exports, health, reminders, users
+from jobq.api import admin, exports, health, openapi, reminders, users
 from jobq.api import jobs as jobs_api
 from jobq.config import Settings
 from jobq.db import Database
+from jobq.domain.types import BIGINT_MAX
 from jobq.errors import DatabaseUnavailable, JobqError
 from jobq.migrate import prepare
 from jobq.queue import Worker
@@ -33,7 +34,6 @@ from jobq.queue import Worker
 log = logging.getLogger(__name__)
 
 JSON_TYPES = ("POST", "PUT", "PATCH")
-BIGINT_MAX = 2**63 - 1
 
 DATABASE_DOWN = (
     OSError,
@@ -122,8 +122,13 @@ def create_app(settings: Settings | None = None) -> Quart:
     app.url_map.converters["int"] = IdConverter  # before the blueprints add their routes
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.extensions["jobq.settings"] = settings
-    QuartSchema(app, info=Info(title="jobq", version="0.1.0"))
-    for blueprint in (users.bp, reminders.bp, exports.bp, jobs_api.bp, health.bp):
+    QuartSchema(
+        app,
+        info=Info(title="jobq", version="0.1.0"),
+        openapi_provider_class=openapi.Provider,  # documents every error response
+        security_schemes={admin.SECURITY_SCHEME: {"type": "http", "scheme": "bearer"}},
+    )
+    for blueprint in (users.bp, reminders.bp, exports.bp, jobs_api.bp, health.bp, admin.bp):
         app.register_blueprint(blueprint)
     _register_errors(app)
 
@@ -157,9 +162,12 @@ def create_app(settings: Settings | None = None) -> Quart:
     @app.before_request
     async def bind_database() -> Response | None:
         db.bind(app.extensions["jobq.db"])
-        # Read the body (bounded by MAX_CONTENT_LENGTH) rather than trust Content-Length: a
-        # chunked HTTP/1.1 or an HTTP/2 request has a body without one.
-        if request.method in JSON_TYPES and not request.is_json and await request.get_data():
+        # Read the body, whatever the method and whether the view wants it: beyond
+        # MAX_CONTENT_LENGTH that raises 413 (a view that ignores bodies would otherwise run).
+        # Read rather than trust Content-Length: a chunked HTTP/1.1 or an HTTP/2 request has a
+        # body without one.
+        body = await request.get_data()
+        if request.method in JSON_TYPES and body and not request.is_json:
             return error_body("unsupported_media_type", "send the body as application/json", 415)
         return None
 

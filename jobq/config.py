@@ -19,6 +19,13 @@ def _seconds(value: Any) -> Any:
     return value
 
 
+def _unset_if_blank(value: Any) -> Any:
+    """Read an empty (or blank) setting as unset: `DATABASE_URL=` in `.env` means none."""
+    if isinstance(value, str) and not value.strip():
+        return None
+    return value
+
+
 def _names(value: Any) -> Any:
     """Read "a.b, c.d" as ("a.b", "c.d")."""
     if isinstance(value, str):
@@ -38,16 +45,23 @@ class Settings(BaseSettings):
     """Every setting of jobq. Durations are `timedelta` here and seconds (`_S`) in the environment.
 
     Source: the process environment, then `.env` in the working directory, then these defaults.
+    Secrets (`database_url`, which may hold a password, `webhook_secret`, `admin_token`) are
+    `SecretStr`: masked in `repr()`, and a validation error never echoes any input.
     """
 
     model_config = SettingsConfigDict(
-        env_file=".env", extra="ignore", populate_by_name=True, frozen=True
+        env_file=".env",
+        extra="ignore",
+        populate_by_name=True,
+        frozen=True,
+        hide_input_in_errors=True,
     )
 
-    database_url: str | None = Field(
+    database_url: Annotated[SecretStr | None, BeforeValidator(_unset_if_blank)] = Field(
         default=None, validation_alias=AliasChoices("database_url", "DATABASE_URL")
     )
-    """PostgreSQL DSN. Unset: the embedded server in `pgdata_dir` is started and used."""
+    """PostgreSQL DSN (a secret: it may hold a password). Unset: the embedded server in
+    `pgdata_dir` is started and used."""
     pgdata_dir: Path = Field(default=PROJECT_ROOT / ".pgdata", validation_alias=_env("PGDATA_DIR"))
     http_host: str = Field(default="127.0.0.1", validation_alias=_env("HTTP_HOST"))
     http_port: int = Field(default=8000, ge=0, le=65535, validation_alias=_env("HTTP_PORT"))
@@ -73,6 +87,7 @@ class Settings(BaseSettings):
     heartbeat_interval: Seconds = Field(
         default=timedelta(seconds=5), validation_alias=_env("HEARTBEAT_INTERVAL_S")
     )
+    """How often a worker extends its leases and checks its listener."""
     rescue_interval: Seconds = Field(
         default=timedelta(seconds=1), validation_alias=_env("RESCUE_INTERVAL_S")
     )
@@ -95,8 +110,28 @@ class Settings(BaseSettings):
     webhook_timeout: Seconds = Field(
         default=timedelta(seconds=10), validation_alias=_env("WEBHOOK_TIMEOUT_S")
     )
+    """Read (and write) timeout of a webhook call: the longest wait for the next bytes."""
+    webhook_connect_timeout: Seconds = Field(
+        default=timedelta(seconds=5), validation_alias=_env("WEBHOOK_CONNECT_TIMEOUT_S")
+    )
+    """Connect timeout of a webhook call."""
+    webhook_max_response_bytes: int = Field(
+        default=64 * 1024, ge=0, validation_alias=_env("WEBHOOK_MAX_RESPONSE_BYTES")
+    )
+    """How much of a webhook's answer is read; the rest is not (its status decides)."""
+    admin_token: Annotated[SecretStr | None, BeforeValidator(_unset_if_blank)] = Field(
+        default=None, min_length=16, validation_alias=_env("ADMIN_TOKEN")
+    )
+    """Bearer token of the admin endpoints (`/jobs/dead`, `/workers`); at least 16
+    characters. Unset: those endpoints answer 404."""
     job_modules: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_names)] = Field(
         default=(), validation_alias=_env("JOB_MODULES")
     )
     """Modules to import for their handlers, besides `jobq.jobs` (comma-separated in the env)."""
     log_level: str = Field(default="INFO", validation_alias=_env("LOG_LEVEL"))
+
+    @property
+    def heartbeat_grace(self) -> timedelta:
+        """Three heartbeat intervals: how long a worker without its liveness lock still counts
+        as alive while its process has a session (its listener reconnecting)."""
+        return self.heartbeat_interval * 3

@@ -76,8 +76,8 @@ def with_database(dsn: str, database: str) -> str:
 async def resolve_dsn(settings: Settings) -> str:
     """Return `settings.database_url`, or start the embedded server (in a thread: initdb can
     take seconds), create its `jobq` database if needed, and return that database's DSN."""
-    if settings.database_url:
-        return settings.database_url
+    if settings.database_url is not None:
+        return settings.database_url.get_secret_value()
     admin = await asyncio.to_thread(start, settings.pgdata_dir)
     await ensure_database(admin, DATABASE_NAME)
     return with_database(admin, DATABASE_NAME)

@@ -1,8 +1,8 @@
-"""`/jobs/stats`: the queue at a glance."""
+"""`/jobs/stats`: the queue at a glance, and what pins the vacuum horizon of its tables."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import AwareDatetime, BaseModel, Field
 from quart import Blueprint
 from quart_schema import validate_response
 
@@ -23,19 +23,43 @@ class JobTypeStats(BaseModel):
     dead: int
 
 
+class TableStats(BaseModel):
+    """One queue table as `pg_stat_user_tables` last saw it (it lags by a second or so)."""
+
+    table: str
+    n_live_tup: int
+    n_dead_tup: int = Field(description="dead rows not yet removed by vacuum")
+    last_autovacuum_at: AwareDatetime | None
+
+
+class VacuumStats(BaseModel):
+    """What pins the vacuum horizon: while a transaction stays open, vacuum removes none of the
+    rows deleted since it began, and every job leaves dead rows in `job` and `job_running`."""
+
+    oldest_transaction_s: float | None = Field(
+        description="age in seconds of the oldest open transaction in this database, other "
+        "than this request's (null: none)"
+    )
+    tables: list[TableStats]
+
+
 class Stats(BaseModel):
-    """Counts per job type, and their totals."""
+    """Counts per job type, and their totals; the queue tables' vacuum figures."""
 
     job_types: list[JobTypeStats]
     totals: JobTypeStats
+    vacuum: VacuumStats
 
 
 @bp.get("/jobs/stats")
 @validate_response(Stats)
 @read_transaction
 async def job_stats() -> Stats:
-    """Queued (ripe and scheduled), running and dead jobs per job type."""
-    rows = [JobTypeStats.model_validate(r) for r in await store.stats(db.conn(), now=clock.now())]
+    """Queued (ripe and scheduled), running and dead jobs per job type; the age of the oldest
+    open transaction and the queue tables' live and dead tuples (a pinned vacuum horizon)."""
+    now = clock.now()
+    rows = [JobTypeStats.model_validate(r) for r in await store.stats(db.conn(), now=now)]
+    vacuum = VacuumStats.model_validate(await store.vacuum_stats(db.conn(), now=now))
     totals = JobTypeStats(
         job_type="*",
         ripe=sum(r.ripe for r in rows),
@@ -43,4 +67,4 @@ async def job_stats() -> Stats:
         running=sum(r.running for r in rows),
         dead=sum(r.dead for r in rows),
     )
-    return Stats(job_types=rows, totals=totals)
+    return Stats(job_types=rows, totals=totals, vacuum=vacuum)

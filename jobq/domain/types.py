@@ -14,5 +14,8 @@ def _no_nul(value: str) -> str:
 Text = Annotated[str, AfterValidator(_no_nul)]
 """A string PostgreSQL can store (no NUL)."""
 
+BIGINT_MAX = 2**63 - 1
+"""The largest id PostgreSQL's `bigint` holds: larger ids name nothing (404)."""
+
 REQUEST = ConfigDict(extra="forbid", str_strip_whitespace=True)
 """Request bodies: unknown fields are errors; surrounding white space is dropped."""

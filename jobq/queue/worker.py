@@ -325,7 +325,7 @@ class Worker:
         """Return the jobs of dead or hung workers (any worker's) to the queue; return how many."""
         async with self.database.pool.acquire() as conn:
             count = await store.rescue(
-                conn, now=clock.now(), heartbeat_grace=self.settings.heartbeat_interval * 3
+                conn, now=clock.now(), heartbeat_grace=self.settings.heartbeat_grace
             )
         if count:
             log.warning("rescued %d jobs of dead or hung workers", count)

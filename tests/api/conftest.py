@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
@@ -12,9 +13,21 @@ from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 import httpx
 import pytest
 from freezegun import freeze_time
+from hypercorn.asyncio import serve
+from hypercorn.config import Config
 
+from jobq import db
+from jobq.app import create_app
 from jobq.config import Settings
+from jobq.db import Database
 from jobq.queue import Worker, registry
+
+# -- the admin endpoints ---------------------------------------------------------------------------
+
+ADMIN_TOKEN = "test-admin-token-5f0c2b9e"  # noqa: S105 (a test value)
+"""The `admin_token` of tests that call the admin endpoints (they override `settings`)."""
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+"""The headers of an authorised admin request."""
 
 # -- running the app's jobs ------------------------------------------------------------------------
 
@@ -133,3 +146,28 @@ async def db_proxy(database_url: str) -> AsyncIterator[DatabaseProxy]:
     await proxy.start()
     yield proxy
     await proxy.stop()
+
+
+# -- the app served by hypercorn -------------------------------------------------------------------
+
+
+@pytest.fixture
+async def served_http(settings: Settings, database: Database) -> AsyncIterator[httpx.AsyncClient]:
+    """An httpx client of the app (the test's `settings`) served by hypercorn on an ephemeral
+    port of 127.0.0.1: for what only a real client sends (Content-Length, chunked bodies)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)  # connections made before hypercorn accepts wait in the backlog
+    port = sock.getsockname()[1]
+    config = Config()
+    config.bind = [f"fd://{sock.detach()}"]
+    config.accesslog = None
+    stop = asyncio.Event()
+    server = asyncio.create_task(serve(create_app(settings), config, shutdown_trigger=stop.wait))
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+            yield client
+    finally:
+        stop.set()
+        await server
+        db.bind(database)

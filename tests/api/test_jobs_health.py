@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
 
 import pytest
+from freezegun import freeze_time
 from pydantic import BaseModel
 from quart.typing import TestClientProtocol as Client
 
@@ -17,6 +20,8 @@ from jobq.queue import Job, JobContext, Registry, Worker, enqueue
 from tests.api.conftest import DatabaseProxy
 from tests.api.helpers import assert_error, create_reminder, create_user
 from tests.conftest import make_settings
+
+T = TypeVar("T")
 
 
 class NoArgs(BaseModel):
@@ -81,7 +86,9 @@ async def test_job_stats_counts_per_job_type(
 async def test_job_stats_of_an_empty_queue(client: Client) -> None:
     response = await client.get("/jobs/stats")
     assert response.status_code == 200
-    assert await response.get_json() == {
+    body = await response.get_json()
+    body.pop("vacuum")  # the database's figures: see the vacuum tests at the end
+    assert body == {
         "job_types": [],
         "totals": {"job_type": "*", "ripe": 0, "scheduled": 0, "running": 0, "dead": 0},
     }
@@ -170,3 +177,85 @@ async def test_docs_page(client: Client) -> None:
     assert response.status_code == 200
     assert response.mimetype == "text/html"
     assert "openapi.json" in await response.get_data(as_text=True)
+
+
+# -- /jobs/stats: what pins the vacuum horizon --------------------------------------------------
+
+
+async def vacuum_of(client: Client) -> dict[str, Any]:
+    response = await client.get("/jobs/stats")
+    assert response.status_code == 200
+    vacuum: dict[str, Any] = (await response.get_json())["vacuum"]
+    return vacuum
+
+
+async def test_job_stats_report_the_age_of_the_oldest_open_transaction(
+    client: Client, database: Database
+) -> None:
+    before = (await vacuum_of(client))["oldest_transaction_s"]
+    assert before is None or before < 5  # nothing long-running in the test database
+
+    other = await db.connect(database.dsn)  # an idle-in-transaction session elsewhere
+    try:
+        tx = other.transaction()
+        await tx.start()
+        await other.fetchval("SELECT pg_current_xact_id()")
+        started_at = await other.fetchval(
+            "SELECT xact_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+        )
+        with freeze_time(started_at + timedelta(seconds=42), real_asyncio=True):
+            age = (await vacuum_of(client))["oldest_transaction_s"]
+        assert age == pytest.approx(42, abs=0.5)
+        await tx.rollback()
+    finally:
+        await other.close()
+    after = (await vacuum_of(client))["oldest_transaction_s"]
+    assert after is None or after < 5
+
+
+async def test_job_stats_report_live_and_dead_tuples_of_the_queue_tables(
+    client: Client, conn: Connection
+) -> None:
+    def by_table(vacuum: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        return {t.pop("table"): t for t in vacuum["tables"]}
+
+    before = by_table(await vacuum_of(client))
+    assert set(before) == {"job", "job_running", "job_dead"}
+    # 30 jobs queued then deleted: 30 dead tuples in job; 2 rows in job_dead.
+    await conn.execute(
+        "INSERT INTO job (job_type, arguments, ripe_at, max_retries, created_at)"
+        " SELECT 'vacuum.test', jsonb_build_object('n', n), now(), 0, now()"
+        " FROM generate_series(1, 30) AS n"
+    )
+    await conn.execute("DELETE FROM job WHERE job_type = 'vacuum.test'")
+    await conn.execute(
+        "INSERT INTO job_dead (id, job_type, arguments, priority, attempts, max_retries,"
+        " created_at, died_at) SELECT n, 'vacuum.test', '{}', 0, 1, 0, now(), now()"
+        " FROM generate_series(1, 2) AS n"
+    )
+    await conn.execute("SELECT pg_stat_force_next_flush()")
+    await conn.execute("SELECT 1")  # the flush happens as this session goes idle
+
+    async def flushed() -> dict[str, dict[str, Any]] | None:
+        after = by_table(await vacuum_of(client))
+        grew = after["job"]["n_dead_tup"] - before["job"]["n_dead_tup"] >= 30
+        return after if grew else None
+
+    after = await eventually_true(flushed)
+    assert after["job"]["n_dead_tup"] >= 30
+    assert after["job_dead"]["n_live_tup"] - before["job_dead"]["n_live_tup"] >= 2
+    for table in after.values():
+        assert table["n_live_tup"] >= 0
+        assert table["n_dead_tup"] >= 0
+        autovacuum = table["last_autovacuum_at"]
+        assert autovacuum is None or datetime.fromisoformat(autovacuum).tzinfo is not None
+
+
+async def eventually_true(check: Callable[[], Awaitable[T | None]], within_s: float = 5) -> T:
+    """Poll `check` every 20 ms until it returns something; `TimeoutError` after `within_s`."""
+    async with asyncio.timeout(within_s):
+        while True:
+            value = await check()
+            if value is not None:
+                return value
+            await asyncio.sleep(0.02)

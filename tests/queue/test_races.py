@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from jobq import clock
 from jobq.db import Connection, Database
-from jobq.queue import Job, JobContext, Registry, Worker, enqueue, store
+from jobq.queue import Job, JobContext, Registry, Worker, enqueue, sql, store
 from tests.conftest import make_settings
 from tests.queue.conftest import NewWorker
 from tests.queue.helpers import Gate, MakeWorker, eventually, where
@@ -135,8 +135,11 @@ async def test_listener_reconnect_does_not_hand_out_running_jobs(
 
         async def lock_gone() -> bool:
             held = await conn.fetchval(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = $1",
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = $1"
+                " AND classid = $2 AND database = (SELECT oid FROM pg_database"
+                " WHERE datname = current_database())",
                 worker_a.id,
+                sql.WORKER_LOCK_CLASS,
             )
             return bool(held == 0)
 

@@ -1,0 +1,134 @@
+"""The HTTP workload, `http_reminders`: reminders created over HTTP while the workers deliver
+them, against a bare endpoint measured in the same run.
+
+What is measured, exactly: `python -m jobq serve` (hypercorn, one process, its worker running
+in it: `JOBQ_RUN_WORKERS=true`, default settings but `JOBQ_LOG_LEVEL=WARNING`, so no access
+log line per request) on a free port; `USERS` users whose webhook is a `WebhookReceiver` in
+this process (keep-alive, signature checked). Then `bench.loadgen.closed_loop`: `CONNECTIONS`
+keep-alive connections for `DURATION_S` seconds, each `POST /users/<id>/reminders` (users in
+turn) due 0.5 to 2 s later, so the worker delivers them while the load goes on. `req_per_s`:
+201 answers per second; `p50_ms`/`p99_ms`: latency of every answer; `errors`: non-201
+answers plus transport errors and timeouts. Then the load stops and `delivered` counts the
+reminders the receiver got within `DELIVERY_WAIT_S`, `drain_s` how long after the load the
+last one arrived. Then `python -m bench.bare` (same settings, same hypercorn set-up) under the
+same load for `BARE_DURATION_S`: `bare_req_per_s`; `ratio_to_bare` is req_per_s over it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from bench import loadgen
+from bench.context import Context, Figures
+from bench.harness import free_port, http_ready, spawn
+from bench.loadgen import Request, closed_loop
+from bench.receiver import WebhookReceiver
+
+USERS = 100
+CONNECTIONS = 32
+DURATION_S = 20.0
+BARE_DURATION_S = 10.0
+DELIVERY_WAIT_S = 60.0
+WEBHOOK_SECRET = "bench-webhook-secret"  # noqa: S105 (a benchmark's value)
+
+
+async def create_users(port: int, count: int, webhook_url: str | None) -> list[int]:
+    """Create `count` users over HTTP (`bench-<i>@example.com`); return their ids."""
+    ids = []
+    for i in range(count):
+        body = {"name": f"bench {i}", "email": f"bench-{i}@example.com", "webhook_url": webhook_url}
+        status, answer = await loadgen.fetch(
+            "127.0.0.1", port, Request.json("POST", "/users", body)
+        )
+        if status != 201:
+            raise RuntimeError(f"creating a user: HTTP {status} {answer[:200]!r}")
+        ids.append(int(json.loads(answer)["id"]))
+    return ids
+
+
+def reminder_request(users: list[int], i: int) -> Request:
+    """The `i`-th reminder: for the users in turn, due 0.5 to 2 s later."""
+    body = {"message": f"bench {i}", "remind_in_seconds": 0.5 + (i % 16) / 10}
+    return Request.json("POST", f"/users/{users[i % len(users)]}/reminders", body)
+
+
+async def http_reminders(ctx: Context) -> list[Figures]:
+    await ctx.database.reset()
+    receiver = WebhookReceiver(secret=WEBHOOK_SECRET)
+    await receiver.start()
+    port = free_port()
+    server = spawn(
+        "jobq",
+        ["serve"],
+        ctx.name("serve"),
+        ctx.dsn,
+        ctx.log_dir,
+        JOBQ_HTTP_HOST="127.0.0.1",
+        JOBQ_HTTP_PORT=str(port),
+        JOBQ_RUN_WORKERS="true",
+        JOBQ_WEBHOOK_SECRET=WEBHOOK_SECRET,
+    )
+    try:
+        await http_ready(port, server)
+        users = await create_users(port, USERS, receiver.url)
+        result = await closed_loop(
+            "127.0.0.1",
+            port,
+            lambda i: reminder_request(users, i),
+            connections=CONNECTIONS,
+            duration_s=DURATION_S,
+        )
+        load_end = time.time()
+        await receiver.wait_delivered(result.statuses[201], timeout_s=DELIVERY_WAIT_S)
+        last_s = max((d[-1].received_s for d in receiver.deliveries.values()), default=load_end)
+        server.check_running()
+    finally:
+        await server.stop()
+        await receiver.close()
+    bare = await _bare(ctx)
+    created = result.statuses[201]
+    req_per_s = created / result.elapsed_s
+    return [
+        {
+            "req_per_s": round(req_per_s, 1),
+            "p50_ms": round(result.percentile_ms(50), 2),
+            "p99_ms": round(result.percentile_ms(99), 2),
+            "errors": result.answered - created + sum(result.errors.values()),
+            "bare_req_per_s": round(bare, 1),
+            "ratio_to_bare": round(req_per_s / bare, 3),
+            "delivered": receiver.delivered,
+            "undelivered": created - receiver.delivered,
+            "bad_signatures": receiver.bad_signatures,
+            "drain_s": round(max(0.0, last_s - load_end), 2),
+        }
+    ]
+
+
+async def _bare(ctx: Context) -> float:
+    """The bare endpoint's 201 answers per second under the same load."""
+    port = free_port()
+    server = spawn(
+        "bench.bare",
+        [],
+        ctx.name("bare"),
+        ctx.dsn,
+        ctx.log_dir,
+        JOBQ_HTTP_HOST="127.0.0.1",
+        JOBQ_HTTP_PORT=str(port),
+    )
+    try:
+        await http_ready(port, server)
+        result = await closed_loop(
+            "127.0.0.1",
+            port,
+            lambda i: Request.json("POST", "/bare", {"message": f"bench {i}"}),
+            connections=CONNECTIONS,
+            duration_s=BARE_DURATION_S,
+        )
+        server.check_running()
+    finally:
+        await server.stop()
+    if result.statuses[201] != result.answered or result.errors:
+        raise RuntimeError(f"the bare endpoint failed: {result.summary()}")
+    return result.statuses[201] / result.elapsed_s

@@ -1,0 +1,144 @@
+"""A webhook receiver built for load: HTTP/1.1 keep-alive on 127.0.0.1, on `asyncio.Protocol`.
+
+It answers every request `status` (default 200) with an empty body and keeps the connection
+open (jobq's HTTP client reuses it), and records each delivery of a reminder: the reminder id,
+the attempt number and the arrival time (wall clock) from the JSON body, and whether the
+`X-Jobq-Signature` matches the body under `secret` (checked independently of jobq's code).
+Start it with `await receiver.start()`, stop it with `await receiver.close()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import re
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from http import HTTPStatus
+
+_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*(\d+)", re.IGNORECASE)
+_SIGNATURE = re.compile(rb"\r\nx-jobq-signature:[ \t]*([^\r]*)", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One delivery of a reminder: its `attempt` (from the body), when it arrived (epoch
+    seconds), and whether its signature was right."""
+
+    attempt: int
+    received_s: float
+    signed: bool
+
+
+@dataclass
+class WebhookReceiver:
+    """Records the reminder deliveries it gets, by reminder id (`deliveries`).
+
+    `requests` counts every request; `malformed` those whose body is not a reminder's JSON;
+    `bad_signatures` those whose signature is missing or wrong (only when `secret` is set).
+    """
+
+    secret: str | None = None
+    status: int = 200
+    requests: int = 0
+    malformed: int = 0
+    bad_signatures: int = 0
+    deliveries: dict[int, list[Delivery]] = field(default_factory=lambda: defaultdict(list))
+    port: int = 0
+    _server: asyncio.Server | None = None
+    _transports: set[asyncio.Transport] = field(default_factory=set)
+    _arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def url(self) -> str:
+        """The URL to give users as their `webhook_url`."""
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    @property
+    def delivered(self) -> int:
+        """How many distinct reminders were delivered at least once."""
+        return len(self.deliveries)
+
+    async def start(self) -> None:
+        """Listen on an ephemeral port of 127.0.0.1 (then `port` and `url` name it)."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _HookProtocol(self), "127.0.0.1", 0, backlog=1024
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for transport in list(self._transports):
+                transport.close()
+            await self._server.wait_closed()
+
+    async def wait_delivered(self, count: int, *, timeout_s: float) -> bool:
+        """Wait until `count` distinct reminders were delivered; False after `timeout_s`."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while self.delivered < count:
+                    self._arrived.clear()
+                    await self._arrived.wait()
+        return self.delivered >= count
+
+    def _record(self, head: bytes, body: bytes) -> None:
+        self.requests += 1
+        self._arrived.set()
+        signed = True
+        if self.secret is not None:
+            found = _SIGNATURE.search(head)
+            expected = "sha256=" + hmac.new(self.secret.encode(), body, hashlib.sha256).hexdigest()
+            signed = found is not None and hmac.compare_digest(
+                found.group(1).strip().decode("latin-1"), expected
+            )
+            if not signed:
+                self.bad_signatures += 1
+        try:
+            payload = json.loads(body)
+            reminder_id = int(payload["reminder_id"])
+            attempt = int(payload["attempt"])
+        except (ValueError, KeyError, TypeError):
+            self.malformed += 1
+            return
+        self.deliveries[reminder_id].append(Delivery(attempt, time.time(), signed))
+
+
+class _HookProtocol(asyncio.Protocol):
+    def __init__(self, receiver: WebhookReceiver) -> None:
+        self.receiver = receiver
+        self.buffer = bytearray()
+        self.transport: asyncio.Transport | None = None
+        reason = HTTPStatus(receiver.status).phrase
+        self.answer = f"HTTP/1.1 {receiver.status} {reason}\r\nContent-Length: 0\r\n\r\n".encode()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.receiver._transports.add(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.transport is not None:
+            self.receiver._transports.discard(self.transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while True:
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = bytes(self.buffer[:end])
+            length = _CONTENT_LENGTH.search(head)
+            stop = end + 4 + (int(length.group(1)) if length else 0)
+            if len(self.buffer) < stop:
+                return
+            body = bytes(self.buffer[end + 4 : stop])
+            del self.buffer[:stop]
+            self.receiver._record(head, body)
+            assert self.transport is not None
+            self.transport.write(self.answer)

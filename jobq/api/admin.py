@@ -1,0 +1,219 @@
+"""Admin endpoints: the dead letter (`/jobs/dead`) and the workers (`/workers`).
+
+Each needs `Authorization: Bearer <JOBQ_ADMIN_TOKEN>`, compared in constant time. With no token
+configured they answer 404, like any unknown URL; a missing or wrong token gets 401 with
+`WWW-Authenticate: Bearer` and the JSON error body. The check runs before the query string is
+validated, so an unauthorised caller learns nothing from that.
+"""
+
+from __future__ import annotations
+
+import functools
+import hmac
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Annotated, Any, ParamSpec, TypeVar
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
+from quart import Blueprint, current_app, request
+from quart_schema import security_scheme_blueprint, validate_querystring, validate_response
+from werkzeug.datastructures import WWWAuthenticate
+from werkzeug.exceptions import NotFound, Unauthorized
+
+from jobq import clock, db
+from jobq.config import Settings
+from jobq.db import read_transaction, write_transaction
+from jobq.domain.types import BIGINT_MAX
+from jobq.queue import dead
+
+log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+SECURITY_SCHEME = "admin_token"
+"""The OpenAPI security scheme (HTTP bearer) of these endpoints; `jobq.app` declares it."""
+
+bp = Blueprint("admin", __name__)
+security_scheme_blueprint(bp, [{SECURITY_SCHEME: []}])
+
+
+class Refused(Unauthorized):
+    """401: the admin token is missing or wrong. `reason` says which, for the log."""
+
+    def __init__(self, reason: str, error: str | None) -> None:
+        challenge = WWWAuthenticate("bearer", {"realm": "jobq admin"})
+        if error is not None:
+            challenge["error"] = error  # RFC 6750, 3.1
+        super().__init__(
+            "send Authorization: Bearer <JOBQ_ADMIN_TOKEN>", www_authenticate=challenge
+        )
+        self.reason = reason
+
+
+def authorize(settings: Settings, authorization: str | None) -> None:
+    """Return when `authorization` (an `Authorization` header) is `Bearer <admin_token>`.
+
+    The token is compared with `hmac.compare_digest` (its time does not depend on where the
+    tokens differ). Raises: `NotFound` when no admin token is configured; `Refused` (401, with
+    a `WWW-Authenticate: Bearer` challenge) when the header is missing, not a bearer token,
+    or the wrong token. Neither the expected nor the given token is logged or echoed.
+    """
+    if settings.admin_token is None:
+        raise NotFound()
+    if not authorization:
+        raise Refused("no token", None)
+    scheme, _, given = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        raise Refused("not a bearer token", None)  # another scheme: no error code (RFC 6750)
+    if not given.strip():
+        raise Refused("empty bearer token", "invalid_request")
+    expected = settings.admin_token.get_secret_value().encode()
+    if not hmac.compare_digest(given.strip().encode(), expected):
+        raise Refused("wrong token", "invalid_token")
+
+
+def admin_only(
+    fn: Callable[P, Awaitable[T]],
+) -> Callable[P, Coroutine[Any, Any, T]]:
+    """Require the admin token (see `authorize`) before `fn` runs, and log refusals. Put it
+    right under the route decorator, above the validation decorators."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            authorize(current_app.extensions["jobq.settings"], request.headers.get("Authorization"))
+        except Refused as exc:
+            log.warning(
+                "admin request refused (%s): %s %s", exc.reason, request.method, request.path
+            )
+            raise
+        return await fn(*args, **kwargs)
+
+    return wrapper
+
+
+# -- the dead letter ---------------------------------------------------------------------------
+
+
+class DeadJob(BaseModel):
+    """A job in the dead letter: retries exhausted, a non-retryable error, invalid arguments,
+    no handler, or merged into a queued duplicate (`last_error` says which)."""
+
+    id: int
+    job_type: str
+    arguments: dict[str, Any]
+    priority: int
+    attempts: int
+    max_retries: int
+    last_error: str | None
+    created_at: AwareDatetime
+    died_at: AwareDatetime
+
+
+class DeadJobs(BaseModel):
+    """A page of dead jobs, newest (highest id) first. `next_after`: pass it as `after` for the
+    next page; null on the last page."""
+
+    jobs: list[DeadJob]
+    next_after: int | None
+
+
+class DeadJobsQuery(BaseModel):
+    """`GET /jobs/dead` query: `limit` (1-500, default 100) and `after` (the last id of the
+    previous page)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(default=100, ge=1, le=500)
+    after: Annotated[int, Field(ge=1, le=BIGINT_MAX)] | SkipJsonSchema[None] = None
+
+
+class QueuedJob(BaseModel):
+    """A job back in the queue."""
+
+    id: int
+    job_type: str
+    arguments: dict[str, Any]
+    ripe_at: AwareDatetime
+    priority: int
+    attempts: int
+    max_retries: int
+    last_error: str | None
+    created_at: AwareDatetime
+
+
+@bp.get("/jobs/dead")
+@admin_only
+@validate_querystring(DeadJobsQuery)
+@validate_response(DeadJobs)
+@read_transaction
+async def list_dead_jobs(query_args: DeadJobsQuery) -> DeadJobs:
+    """The dead letter, newest (highest id) first, a page at a time (`limit`, `after`)."""
+    rows = await dead.list_dead(db.conn(), limit=query_args.limit, after=query_args.after)
+    jobs = [DeadJob.model_validate(r) for r in rows]
+    more = len(jobs) == query_args.limit
+    return DeadJobs(jobs=jobs, next_after=jobs[-1].id if jobs and more else None)
+
+
+@bp.post("/jobs/dead/<int:job_id>/retry")
+@admin_only
+@validate_response(QueuedJob)
+@write_transaction
+async def retry_dead_job(job_id: int) -> QueuedJob:
+    """Move a dead job back to the queue, ripe now, with its retries reset (`attempts` 0).
+
+    409 (with `queued_job_id`) when an identical job is queued: the dead job stays.
+    """
+    row = await dead.retry(db.conn(), job_id, now=clock.now())
+    log.info("dead job %s (%s) retried by an admin", job_id, row["job_type"])
+    return QueuedJob.model_validate(row)
+
+
+@bp.delete("/jobs/dead/<int:job_id>")
+@admin_only
+@write_transaction
+async def discard_dead_job(job_id: int) -> tuple[str, int]:
+    """Delete a dead job for good."""
+    await dead.discard(db.conn(), job_id)
+    log.info("dead job %s discarded by an admin", job_id)
+    return "", 204
+
+
+# -- workers -----------------------------------------------------------------------------------
+
+
+class WorkerInfo(BaseModel):
+    """A registered worker process. `alive` follows the rescue's rule (its liveness lock is
+    held, or its process still has a session and a recent heartbeat); `running_jobs` counts
+    the jobs it holds."""
+
+    id: int
+    host: str
+    pid: int
+    started_at: AwareDatetime
+    heartbeat_at: AwareDatetime
+    alive: bool
+    running_jobs: int
+
+
+class Workers(BaseModel):
+    """The registered workers, by id."""
+
+    workers: list[WorkerInfo]
+
+
+@bp.get("/workers")
+@admin_only
+@validate_response(Workers)
+@read_transaction
+async def list_workers() -> Workers:
+    """The registered workers, alive or not yet forgotten by a rescue."""
+    settings: Settings = current_app.extensions["jobq.settings"]
+    rows = await dead.list_workers(
+        db.conn(),
+        now=clock.now(),
+        heartbeat_grace=settings.heartbeat_grace,
+    )
+    return Workers(workers=[WorkerInfo.model_validate(r) for r in rows])
