@@ -29,6 +29,9 @@ from jobq.queue.model import ClaimedJob, Outcome
 
 log = logging.getLogger("jobq.worker")
 
+REQUEUES = ("retry", "release")
+"""Outcomes that put the job back in `job`."""
+
 COUNTS = {"complete": "completed", "retry": "retried", "release": "released", "bury": "buried"}
 """The name under which `Worker.counts` counts each kind of recorded outcome."""
 
@@ -144,6 +147,8 @@ class Acker:
                 delay = min(delay * 2, 2.0)
 
     def _settle(self, batch: list[tuple[ClaimedJob, Outcome]], recorded: set[int] | None) -> None:
+        if recorded and any(o.kind in REQUEUES and o.token in recorded for _, o in batch):
+            store.wake_workers(self.database)  # jobs went back to `job`: any worker may take them
         for job, outcome in batch:
             if recorded is None:
                 self.counts["lost_acks"] += 1

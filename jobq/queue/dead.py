@@ -12,14 +12,10 @@ from typing import Any
 
 from jobq.db import Connection
 from jobq.errors import Conflict, NotFound
-from jobq.queue import sql
+from jobq.queue import sql, store
 
-_DEAD_COLUMNS = (
-    "id, job_type, arguments, priority, attempts, max_retries, last_error, created_at, died_at"
-)
-_QUEUED_COLUMNS = (
-    "id, job_type, arguments, ripe_at, priority, attempts, max_retries, last_error, created_at"
-)
+_DEAD_COLUMNS = sql._DEAD_COLUMNS
+_QUEUED_COLUMNS = sql._COLUMNS
 
 # $1 limit, $2 list ids below this one (NULL: from the newest). Newest (highest id) first.
 job_dead_list = f"""
@@ -78,7 +74,8 @@ async def list_dead(conn: Connection, *, limit: int, after: int | None) -> list[
 
 async def retry(conn: Connection, job_id: int, *, now: datetime) -> dict[str, Any]:
     """Move dead job `job_id` back to the queue, ripe at `now`, with `attempts` reset to 0 (a
-    full retry budget again) and its `last_error` kept; return the queued row.
+    full retry budget again) and its `last_error` kept; return the queued row. The workers are
+    woken when the caller's transaction commits.
 
     Raises: `NotFound` when there is no such dead job (never was, or retried or discarded
     meanwhile); `Conflict` (with `queued_job_id`, the twin's id) when an identical job is
@@ -87,6 +84,7 @@ async def retry(conn: Connection, job_id: int, *, now: datetime) -> dict[str, An
     for _ in range(MAX_TRIES):
         row = await conn.fetchrow(job_dead_retry, job_id, now)
         if row is not None:
+            store.wake_workers_after_commit()
             return dict(row)
         twin = await conn.fetchrow(job_dead_twin, job_id)
         if twin is None:

@@ -14,6 +14,7 @@ from typing import Any
 from jobq import clock
 from jobq.db import (
     Connection,
+    Database,
     current_database,
     current_transaction,
     json_arg,
@@ -22,20 +23,33 @@ from jobq.db import (
 from jobq.db import conn as current_conn
 from jobq.queue import sql
 from jobq.queue.model import ClaimedJob, Enqueued, Job, Outcome
+from jobq.queue.notify import notifier
 
 wakeups: set[asyncio.Event] = set()
 """Wake-up events of the workers of this process; set when a transaction that enqueued commits."""
 
 
-def _wake_local_workers() -> None:
+def wake_workers(database: Database) -> None:
+    """Wake the workers: those of this process at once (their events), those of every process
+    by `NOTIFY jobq` on `database` (coalesced: `jobq.queue.notify`). Call it after the commit
+    that put jobs in `job`."""
     for event in wakeups:
         event.set()
+    notifier(database).notify()
 
 
-def _after_commit_wake() -> None:
+def _wake_workers_of_this_transaction() -> None:
+    wake_workers(current_database())
+
+
+def wake_workers_after_commit() -> None:
+    """Wake the workers once the transaction in progress commits (once per transaction, and
+    never when it rolls back); outside a transaction, now."""
     tx = current_transaction()
-    if tx is not None and _wake_local_workers not in tx.after_commit:
-        tx.after_commit.append(_wake_local_workers)
+    if tx is None:
+        wake_workers(current_database())
+    elif _wake_workers_of_this_transaction not in tx.after_commit:
+        tx.after_commit.append(_wake_workers_of_this_transaction)
 
 
 async def enqueue(job: Job) -> Enqueued:
@@ -44,17 +58,15 @@ async def enqueue(job: Job) -> Enqueued:
 
     When an identical job (same `job_type` and `arguments`) is queued already, nothing is
     inserted and that job's id is returned with `duplicate=True`. Workers are woken once per
-    transaction, after its commit: by NOTIFY (trigger `job_notify`) and, in this process, by
-    an event. A job already running does not count as a duplicate and never makes this wait.
+    transaction, after its commit (`wake_workers`): by a `NOTIFY jobq` sent then and, in this
+    process, by an event. A job already running does not count as a duplicate and never
+    makes this wait.
     Raises: `asyncpg.PostgresError` on database errors.
     """
     if current_transaction() is not None:
         return await _enqueue(current_conn(), job)
     async with current_database().pool.acquire() as conn:
-        enqueued = await _enqueue(conn, job)
-    if not enqueued.duplicate:
-        _wake_local_workers()
-    return enqueued
+        return await _enqueue(conn, job)
 
 
 async def _enqueue(conn: Connection, job: Job) -> Enqueued:
@@ -75,7 +87,7 @@ async def _enqueue(conn: Connection, job: Job) -> Enqueued:
     else:
         raise RuntimeError("enqueue did not settle after 3 tries")
     if not row["duplicate"]:
-        _after_commit_wake()
+        wake_workers_after_commit()
     return Enqueued(id=row["id"], duplicate=row["duplicate"])
 
 
@@ -100,7 +112,7 @@ async def enqueue_many(jobs: Iterable[Job]) -> list[int]:
         clock.now(),
     )
     if rows:
-        _after_commit_wake()
+        wake_workers_after_commit()
     return [r["id"] for r in rows]
 
 

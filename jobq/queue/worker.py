@@ -34,7 +34,7 @@ import asyncpg
 from jobq import clock, db
 from jobq.config import Settings
 from jobq.db import Connection, Database
-from jobq.queue import sql, store
+from jobq.queue import notify, sql, store
 from jobq.queue.acker import Acker
 from jobq.queue.executor import Executor, describe
 from jobq.queue.model import ClaimedJob
@@ -112,7 +112,7 @@ class Worker:
             await conn.execute(
                 sql.worker_register, self.id, socket.gethostname(), os.getpid(), clock.now()
             )
-            await conn.add_listener("jobq", self._on_notify)
+            await conn.add_listener(notify.CHANNEL, self._on_notify)
             conn.add_termination_listener(self._on_listener_lost)
         except BaseException:
             await conn.close()
@@ -329,6 +329,7 @@ class Worker:
             )
         if count:
             log.warning("rescued %d jobs of dead or hung workers", count)
+            store.wake_workers(self.database)
         return count
 
     # -- running one job -------------------------------------------------------------------

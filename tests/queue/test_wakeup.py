@@ -4,15 +4,18 @@ not at its poll interval; the poll remains the safety net."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 
+import pytest
 from pydantic import BaseModel
 
 from jobq import clock
-from jobq.db import Connection, transaction
+from jobq.db import Connection, Database, transaction
 from jobq.queue import Job, JobContext, Registry, Worker, enqueue
+from jobq.queue.notify import CHANNEL, Notifier, notifier
 from tests.queue.conftest import NewWorker
 from tests.queue.helpers import eventually
 
@@ -82,15 +85,44 @@ async def test_enqueue_in_this_process_wakes_the_worker(new_worker: NewWorker) -
             await asyncio.sleep(0.05)  # back to sleep
 
 
-async def test_in_process_wakeup_works_without_notify(new_worker: NewWorker) -> None:
+async def test_in_process_wakeup_works_without_notify(
+    new_worker: NewWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
     starts = Starts()
     async with running(new_worker, starts.handlers(), poll_interval=SLOW_POLL):
-        async with transaction() as c:
-            # replica mode skips the NOTIFY trigger: only the in-process event can wake
-            await c.execute("SET LOCAL session_replication_role = replica")
+        monkeypatch.setattr(Notifier, "notify", lambda self: None)  # only the event can wake
+        async with transaction():
             await enqueue(Job(job_type="tick"))
         committed = now_loop()
         assert await starts.wait(1) - committed < 0.5
+
+
+async def test_a_commit_that_enqueued_is_followed_by_one_notify(
+    database: Database, conn: Connection
+) -> None:
+    """Other processes' workers hear of the jobs by `NOTIFY jobq`, sent after the commit (never
+    before it, never for a rollback), once for a transaction however many jobs it queued."""
+    heard: list[float] = []
+    await conn.add_listener(CHANNEL, lambda *_: heard.append(now_loop()))
+    async with transaction():
+        for n in range(5):
+            await enqueue(Job(job_type="tick", arguments={"n": n}))
+        await asyncio.sleep(0.2)
+        assert heard == []  # nothing before the commit
+    committed = now_loop()
+    await notifier(database).flush()
+    await eventually(lambda: heard)
+    assert heard[0] >= committed
+    await asyncio.sleep(0.2)
+    assert len(heard) == 1
+
+    with contextlib.suppress(RuntimeError):
+        async with transaction():
+            await enqueue(Job(job_type="tick", arguments={"n": 99}))
+            raise RuntimeError("roll back")
+    await notifier(database).flush()
+    await asyncio.sleep(0.2)
+    assert len(heard) == 1  # a rollback queued nothing and wakes nobody
 
 
 async def test_no_wakeup_before_commit(new_worker: NewWorker) -> None:
@@ -104,13 +136,13 @@ async def test_no_wakeup_before_commit(new_worker: NewWorker) -> None:
         assert await starts.wait(1) - committed < 0.5
 
 
-async def test_insert_from_another_connection_wakes_by_notify(
+async def test_insert_from_another_program_wakes_by_its_notify(
     conn: Connection, new_worker: NewWorker
 ) -> None:
     starts = Starts()
     async with running(new_worker, starts.handlers(), poll_interval=SLOW_POLL):
         async with conn.transaction():
-            await insert_job(conn, n=1)
+            await insert_job(conn, n=1, notify=True)
         committed = now_loop()
         assert await starts.wait(1) - committed < 0.5
 
@@ -179,10 +211,8 @@ async def test_poll_finds_a_job_whose_notification_was_lost(
 ) -> None:
     starts = Starts()
     async with running(new_worker, starts.handlers(), poll_interval=0.3):
-        # replica mode skips the NOTIFY trigger: this insert wakes nobody
         async with conn.transaction():
-            await conn.execute("SET LOCAL session_replication_role = replica")
-            await insert_job(conn, n=1)
+            await insert_job(conn, n=1)  # plain SQL without NOTIFY: it wakes nobody
         committed = now_loop()
         assert await starts.wait(1) - committed < 0.3 + 0.3
 
@@ -203,16 +233,19 @@ async def test_listener_reconnects_and_listens_again(
         await eventually(lambda: worker.alive and worker._listener is not listener, within_s=2)
         await asyncio.sleep(0.1)  # settled back into its 30 s idle sleep
         async with conn.transaction():
-            await insert_job(conn, n=1)
+            await insert_job(conn, n=1, notify=True)
         committed = now_loop()
         assert await starts.wait(1) - committed < 0.5
 
 
-async def insert_job(conn: Connection, *, n: int) -> None:
-    """Queue a `tick` job with plain SQL (as another program would)."""
+async def insert_job(conn: Connection, *, n: int, notify: bool = False) -> None:
+    """Queue a `tick` job with plain SQL (as another program would), and `NOTIFY jobq` in the
+    same transaction when `notify`."""
     await conn.execute(
         "INSERT INTO job (job_type, arguments, ripe_at, max_retries, created_at)"
         " VALUES ('tick', jsonb_build_object('n', $1::int), $2, 0, $2)",
         n,
         clock.now(),
     )
+    if notify:
+        await conn.execute("NOTIFY jobq")
