@@ -80,6 +80,8 @@ class Database:
     def __init__(self, pool: Pool, dsn: str) -> None:
         self.pool = pool
         self.dsn = dsn
+        self.before_close: list[Callable[[], Awaitable[None]]] = []
+        """Awaited by `close()` before the pool closes (e.g. sending pending notifications)."""
 
     @classmethod
     async def open(cls, settings: Settings, dsn: str) -> Database:
@@ -99,7 +101,10 @@ class Database:
         return cls(pool, dsn)
 
     async def close(self) -> None:
-        """Close the pool, waiting for connections in use to be released."""
+        """Await the `before_close` callbacks, then close the pool, waiting for connections in
+        use to be released."""
+        for callback in self.before_close:
+            await callback()
         await self.pool.close()
 
 

@@ -32,7 +32,7 @@ class Notifier:
     """Sends `NOTIFY jobq` on a pooled connection of `database`, coalesced."""
 
     def __init__(self, database: Database) -> None:
-        self.database = database
+        self._database = weakref.ref(database)  # the database owns its notifier, not the reverse
         self._sending: asyncio.Task[None] | None = None
         self._again = False
 
@@ -59,8 +59,11 @@ class Notifier:
             again = True
             while again:
                 self._again = False
+                database = self._database()
+                if database is None:
+                    return
                 try:
-                    async with self.database.pool.acquire() as conn:
+                    async with database.pool.acquire() as conn:
                         await conn.execute("SELECT pg_notify($1, '')", CHANNEL)
                 except Exception as exc:
                     # The workers' poll is the safety net for a lost notification.
@@ -79,4 +82,5 @@ def notifier(database: Database) -> Notifier:
     found = _notifiers.get(database)
     if found is None:
         found = _notifiers[database] = Notifier(database)
+        database.before_close.append(found.flush)  # a producer that exits still wakes them
     return found
