@@ -69,14 +69,17 @@ requeued AS (
 )"""
 
 
+# $1 completed tokens
+_COMPLETED = """completed AS (
+    DELETE FROM job_running WHERE token = ANY($1::bigint[]) RETURNING token
+)"""
+
 # $1 completed tokens; re-queued: $2 tokens, $3 ripe_at, $4 last errors (NULL: keep it),
 # $5 attempts charged (1 for a failure, 0 for a release); buried: $6 tokens, $7 errors; $8 now.
 # Every outcome names its job's fencing token: a stale token (the job was rescued) matches no
 # row and changes nothing. CTE `recorded` holds the tokens recorded.
 _RECORD = f"""
-completed AS (
-    DELETE FROM job_running WHERE token = ANY($1::bigint[]) RETURNING token
-), failed AS (
+{_COMPLETED}, failed AS (
     DELETE FROM job_running AS r
     USING unnest($2::bigint[], $3::timestamptz[], $4::text[], $5::int[])
           AS u(token, ripe_at, error, charge)
@@ -113,30 +116,44 @@ completed AS (
 
 job_record = f"WITH {_RECORD}\nSELECT token FROM recorded"
 
-# $1..$8 outcomes to record and now (as in _RECORD), $9 max jobs, $10 worker id,
-# $11 lease expiry. Records the outcomes and claims in one statement: the jobs whose outcome
-# is recorded free the slots that the claim fills. Rows with a NULL id are recorded tokens.
-job_claim = f"""
-WITH {_RECORD}, claimed AS (
+
+def _claiming(record: str, recorded: str, *, now: str, limit: str, worker: str, lease: str) -> str:
+    """A statement that records outcomes (CTEs `record`, tokens in CTE `recorded`) and claims up
+    to `limit` ripe jobs for `worker` in one go: the jobs whose outcome is recorded free the slots
+    that the claim fills. It returns the claimed jobs, then one row per recorded token (id NULL).
+    """
+    return f"""
+WITH {record}, claimed AS (
     DELETE FROM job
     WHERE id = ANY(ARRAY(
         SELECT id FROM job
-        WHERE ripe_at <= $8
+        WHERE ripe_at <= {now}
         ORDER BY priority DESC, ripe_at
-        LIMIT $9
+        LIMIT {limit}
         FOR UPDATE SKIP LOCKED
     ))
     RETURNING {_COLUMNS}
 ), running AS (
     INSERT INTO job_running ({_COLUMNS}, worker_id, claimed_at, lease_expires_at, token)
-    SELECT {_COLUMNS}, $10, $8, $11, nextval('job_fencing_token')
+    SELECT {_COLUMNS}, {worker}, {now}, {lease}, nextval('job_fencing_token')
     FROM claimed
     RETURNING token, id, job_type, arguments, attempts, max_retries, ripe_at, claimed_at
 )
 SELECT * FROM running
 UNION ALL
-SELECT token, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM recorded
+SELECT token, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM {recorded}
 """
+
+
+# $1 completed tokens, $2 now, $3 max jobs, $4 worker id, $5 lease expiry. The usual claim: the
+# jobs that finished since the last one all succeeded.
+job_claim = _claiming(_COMPLETED, "completed", now="$2", limit="$3", worker="$4", lease="$5")
+
+# $1..$8 outcomes and now (as in `_RECORD`), $9 max jobs, $10 worker id, $11 lease expiry. The
+# claim when some of the jobs that finished failed or were released.
+job_claim_recording = _claiming(
+    _RECORD, "recorded", now="$8", limit="$9", worker="$10", lease="$11"
+)
 
 # $1 worker id, $2 host, $3 pid, $4 now
 worker_register = """

@@ -162,9 +162,11 @@ async def record_and_claim(
 
     Raises: `asyncpg.PostgresError` (then nothing happened).
     """
-    rows = await conn.fetch(
-        sql.job_claim, *_outcome_args(outcomes, now), max_jobs, worker_id, lease_expires_at
-    )
+    claiming = (max_jobs, worker_id, lease_expires_at)
+    if all(o.kind == "complete" for o in outcomes):
+        rows = await conn.fetch(sql.job_claim, [o.token for o in outcomes], now, *claiming)
+    else:
+        rows = await conn.fetch(sql.job_claim_recording, *_outcome_args(outcomes, now), *claiming)
     jobs = [
         ClaimedJob(
             id=r["id"],

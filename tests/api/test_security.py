@@ -515,6 +515,7 @@ SQL_WORDS = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|CREATE|DROP|ALTER|TRUNCA
 QUERY_METHODS = {"execute", "executemany", "fetch", "fetchrow", "fetchval", "prepare", "cursor"}
 ALLOWED_BUILT_SQL = {
     ("jobq/queue/sql.py", "_back_to_queue"): "called at import only, with constant fragments",
+    ("jobq/queue/sql.py", "_claiming"): "called at import only, with constant fragments",
     ("jobq/embedded.py", "ensure_database"): "CREATE DATABASE takes no parameter; the name is "
     "checked against [a-z_][a-z0-9_]* first",
 }

@@ -52,13 +52,26 @@ def outcomes(tokens: list[int], now: datetime) -> list[object]:
     ]
 
 
+def claim_args(statement: str, tokens: list[int], now: datetime) -> list[object]:
+    """The parameters of `statement` (a claim) that record `tokens` and claim up to 10 jobs:
+    `job_claim` completes them all, `job_claim_recording` also re-queues and buries some."""
+    claiming = [10, 1, now + timedelta(seconds=30)]
+    if statement == "job_claim":
+        return [tokens, now, *claiming]
+    return [*outcomes(tokens, now), *claiming]
+
+
+CLAIMS = ["job_claim", "job_claim_recording"]
+
+
 @pytest.mark.parametrize("plan_cache_mode", ["auto", "force_generic_plan"])
-async def test_claim_uses_the_claim_index(filled: Connection, plan_cache_mode: str) -> None:
+@pytest.mark.parametrize("statement", CLAIMS)
+async def test_claim_uses_the_claim_index(
+    filled: Connection, plan_cache_mode: str, statement: str
+) -> None:
     # workers claim with a generic plan (jobq.queue.worker), so that plan is checked too
     await filled.execute(f"SET plan_cache_mode = {plan_cache_mode}")
-    now = clock.now()
-    args = [*outcomes([], now), 10, 1, now + timedelta(seconds=30)]
-    text = await plan(filled, sql.job_claim, *args)
+    text = await plan(filled, getattr(sql, statement), *claim_args(statement, [], clock.now()))
     assert re.search(r"Index Scan using job_claim_idx on job", text), text
     assert "Sort" not in text, text  # the index gives the order: no sort of the ripe jobs
     assert await filled.fetchval("SELECT count(*) FROM job") == NUM_JOBS  # EXPLAIN ran nothing
@@ -67,28 +80,28 @@ async def test_claim_uses_the_claim_index(filled: Connection, plan_cache_mode: s
 async def running(conn: Connection) -> list[int]:
     """Claim 3,000 of the filled jobs (so `job_running` is big enough for a plan to matter)."""
     now = clock.now()
-    args = [*outcomes([], now), 3000, 1, now + timedelta(seconds=30)]
-    rows = await conn.fetch(sql.job_claim, *args)
+    rows = await conn.fetch(sql.job_claim, [], now, 3000, 1, now + timedelta(seconds=30))
     await conn.execute("ANALYZE job_running")
     return [r["token"] for r in rows]
 
 
 @pytest.mark.parametrize("plan_cache_mode", ["auto", "force_generic_plan"])
-@pytest.mark.parametrize("statement", ["job_record", "job_claim"])
+@pytest.mark.parametrize("statement", ["job_record", *CLAIMS])
 async def test_acks_find_their_rows_by_the_token_index(
     filled: Connection, statement: str, plan_cache_mode: str
 ) -> None:
     tokens = await running(filled)
     await filled.execute(f"SET plan_cache_mode = {plan_cache_mode}")
     now = clock.now()
-    args = outcomes(tokens[:30], now)
-    if statement == "job_claim":
-        args += [10, 1, now + timedelta(seconds=30)]
+    if statement == "job_record":
+        args = outcomes(tokens[:30], now)
+    else:
+        args = claim_args(statement, tokens[:30], now)
     text = await plan(filled, getattr(sql, statement), *args)
-    # completed, failed and buried each find their rows by token, never by scanning job_running
-    assert len(re.findall(r"Index Scan using job_running_token_key on job_running", text)) >= 3, (
-        text
-    )
+    # completed (and failed and buried) each find their rows by token, never by a scan
+    lookups = 1 if statement == "job_claim" else 3
+    found = re.findall(r"Index Scan using job_running_token_key on job_running", text)
+    assert len(found) >= lookups, text
     assert not re.search(r"Seq Scan on job_running\b", text), text
     assert await filled.fetchval("SELECT count(*) FROM job_running") == len(tokens)
 
