@@ -289,6 +289,13 @@ class Worker:
                     )
             except BaseException:
                 self.acker.restore(batch)
+                listener = self._listener
+                if listener is not None and not listener.is_closed():
+                    # A statement cut short (a killed backend, a cancellation) can leave the
+                    # connection in a state where every later one fails; its liveness lock is
+                    # in doubt too. Drop it: the next heartbeat connects a fresh one, and the
+                    # heartbeat grace keeps this worker's jobs meanwhile.
+                    listener.terminate()
                 raise
             self.acker.settle(batch, recorded)
             for job in jobs:

@@ -7,6 +7,8 @@ import asyncio
 import time
 from datetime import timedelta
 
+import asyncpg
+import pytest
 from pydantic import BaseModel
 
 from jobq import clock
@@ -227,3 +229,36 @@ async def test_abort_waits_for_a_claim_in_flight(conn: Connection, database: Dat
     finally:
         await worker.abort()
         await small.close()
+
+
+# -- a claim that fails on the listener drops it; the heartbeat connects a fresh one ----------
+
+
+async def test_a_failed_claim_replaces_the_listener(
+    conn: Connection, make_worker: MakeWorker
+) -> None:
+    """A statement cut short can leave the listener connection unusable without closing it
+    (asyncpg: "cannot switch to state ..."), and claims run on it. So a failed claim drops the
+    listener, and the next heartbeat connects a fresh one: claims go on."""
+    handlers = Registry()
+
+    @handlers.handler("noop", args=Args)
+    async def noop(args: Args, job: JobContext) -> None:
+        pass
+
+    created = await enqueue(Job(job_type="noop"))
+    worker = await make_worker(handlers)
+    listener = worker._listener
+    assert listener is not None
+    # this session can no longer write: every claim on it fails
+    await listener.execute("SET default_transaction_read_only = on")
+    with pytest.raises(asyncpg.ReadOnlySQLTransactionError):
+        await worker.run_once()
+    assert listener.is_closed()
+    assert not worker.alive
+    assert await worker.heartbeat() == 0  # reconnects
+    assert worker.alive
+    assert worker._listener is not listener
+    assert await worker.run_once() == 1
+    await worker.wait_idle()
+    assert await where(conn, created.id) == []
