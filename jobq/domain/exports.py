@@ -34,7 +34,7 @@ class Export(BaseModel):
 _SELECT = """
 SELECT e.id, e.user_id, e.job_id, e.created_at, e.finished_at,
        CASE WHEN e.content IS NOT NULL THEN 'done'
-            WHEN s.state = 'dead' THEN 'failed'
+            WHEN s.state = 'dead' OR s.state IS NULL THEN 'failed'  -- dead, or discarded
             ELSE 'pending' END AS status,
        s.last_error
 FROM exports e LEFT JOIN job_state s ON s.id = e.job_id

@@ -1,7 +1,8 @@
 """Reminders: a message for a user at a time, delivered by a `send_reminder` job.
 
 A reminder's status is derived, never copied: `sent` once `sent_at` is set, `failed` while its
-job is in the dead letter, `scheduled` otherwise (queued or running).
+job is in the dead letter (or after it was discarded from there), `scheduled` otherwise (queued
+or running).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class Reminders(BaseModel):
 _SELECT = """
 SELECT r.id, r.user_id, r.message, r.remind_at, r.job_id, r.sent_at, r.created_at,
        CASE WHEN r.sent_at IS NOT NULL THEN 'sent'
-            WHEN s.state = 'dead' THEN 'failed'
+            WHEN s.state = 'dead' OR s.state IS NULL THEN 'failed'  -- dead, or discarded
             ELSE 'scheduled' END AS status,
        CASE WHEN r.sent_at IS NOT NULL THEN r.attempts ELSE coalesce(s.attempts, 0) END AS attempts,
        s.last_error

@@ -493,3 +493,23 @@ async def test_openapi_documents_every_error_with_the_error_body(client: Client)
     assert set(delete) == {"204", "404", "409", "413", "503"}
     ics = spec["paths"]["/exports/{export_id}.ics"]["get"]["responses"]["200"]["content"]
     assert set(ics) == {"text/calendar"}
+
+
+async def test_a_reminder_whose_dead_job_is_discarded_stays_failed(
+    client: Client, conn: Connection
+) -> None:
+    user = await create_user(client)
+    reminder = await create_reminder(client, user["id"], message="hi", remind_in_seconds=60)
+    # its delivery failed for good: the job is in the dead letter
+    await conn.execute(
+        "WITH gone AS (DELETE FROM job WHERE id = $1 RETURNING *)"
+        " INSERT INTO job_dead (id, job_type, arguments, priority, attempts, max_retries,"
+        " last_error, created_at, died_at)"
+        " SELECT id, job_type, arguments, priority, attempts + 1, max_retries, 'refused',"
+        " created_at, created_at FROM gone",
+        reminder["job_id"],
+    )
+    assert (await get_json(client, f"/reminders/{reminder['id']}"))["status"] == "failed"
+    response = await client.delete(f"/jobs/dead/{reminder['job_id']}", headers=ADMIN)
+    assert response.status_code == 204
+    assert (await get_json(client, f"/reminders/{reminder['id']}"))["status"] == "failed"
