@@ -230,6 +230,25 @@ WITH alive AS ({_ALIVE}
 SELECT count(*) FROM lost
 """
 
+# $1 worker id, $2 tokens the worker holds, $3 now. Claims of the worker whose answer never
+# reached it (its connection was cut as the claim committed): it never started those jobs. They
+# go back to the queue at their place, with no attempt charged.
+job_release_orphans = f"""
+WITH orphans AS (
+    DELETE FROM job_running WHERE worker_id = $1 AND NOT (token = ANY($2::bigint[]))
+    RETURNING {_COLUMNS}
+), {
+    _back_to_queue(
+        "orphans",
+        ripe_at="least(s.ripe_at, $3::timestamptz)",
+        attempts="s.attempts",
+        error="s.last_error",
+        now="$3::timestamptz",
+    )
+}
+SELECT count(*) FROM orphans
+"""
+
 # $1 now
 job_next_ripe_at = "SELECT min(ripe_at) FROM job WHERE ripe_at > $1"
 

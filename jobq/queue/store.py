@@ -239,6 +239,17 @@ async def rescue(conn: Connection, *, now: datetime, heartbeat_grace: timedelta)
     return count
 
 
+async def release_orphans(
+    conn: Connection, *, worker_id: int, held: Sequence[int], now: datetime
+) -> int:
+    """Put back in the queue the jobs of `job_running` claimed for `worker_id` whose tokens are
+    not in `held`: claims that committed while their answer was lost with the connection, so
+    the worker never started them. They keep their place and no attempt is charged (merged into
+    a queued twin if any, as on a release). Return how many. Call it with no claim in flight."""
+    count: int = await conn.fetchval(sql.job_release_orphans, worker_id, list(held), now)
+    return count
+
+
 async def next_ripe_at(conn: Connection, *, now: datetime) -> datetime | None:
     """Return the earliest `ripe_at` after `now` among queued jobs, or None."""
     value: datetime | None = await conn.fetchval(sql.job_next_ripe_at, now)

@@ -325,8 +325,21 @@ class Worker:
         if not self.alive and not self._stopping.is_set():
             await self._connect()
             log.info("worker %s reconnected its listener", self.id)
+            await self._release_orphans()
             self._wake.set()
         return int(status.split()[-1])
+
+    async def _release_orphans(self) -> None:
+        """After a lost connection: a claim may have committed without its answer reaching this
+        worker. Its jobs, which never started, go back now rather than after their lease."""
+        assert self.id is not None
+        async with self._claim_lock, self.database.pool.acquire() as conn:
+            count = await store.release_orphans(
+                conn, worker_id=self.id, held=list(self._held), now=clock.now()
+            )
+        if count:
+            log.warning("worker %s: %d claimed jobs never reached it; released", self.id, count)
+            store.wake_workers(self.database)
 
     async def rescue(self) -> int:
         """Return the jobs of dead or hung workers (any worker's) to the queue; return how many."""

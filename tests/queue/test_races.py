@@ -262,3 +262,37 @@ async def test_a_failed_claim_replaces_the_listener(
     assert await worker.run_once() == 1
     await worker.wait_idle()
     assert await where(conn, created.id) == []
+
+
+async def test_claims_whose_answer_was_lost_go_back_on_reconnect(
+    conn: Connection, make_worker: MakeWorker
+) -> None:
+    """The listener is cut as a claim commits: the rows are in `job_running` under this worker,
+    but it never got them and never starts them. On reconnect it puts them back at once, at
+    their place and with no attempt charged, instead of leaving them to its lease."""
+    handlers = Registry()
+
+    @handlers.handler("noop", args=Args)
+    async def noop(args: Args, job: JobContext) -> None:
+        pass
+
+    created = await enqueue(Job(job_type="noop"))
+    worker = await make_worker(handlers, heartbeat_interval=timedelta(seconds=10))
+    assert worker.id is not None
+    now = clock.now()
+    # the claim that committed for this worker, whose answer it never saw
+    (lost,) = await store.claim(
+        conn, worker_id=worker.id, max_jobs=1, now=now, lease_expires_at=now + LEASE
+    )
+    listener = worker._listener
+    assert listener is not None
+    await conn.fetchval("SELECT pg_terminate_backend($1, 5000)", listener.get_server_pid())
+    await eventually(lambda: not worker.alive)
+    await worker.heartbeat()  # reconnects, then releases what it does not hold
+    assert worker.alive
+    queued = await conn.fetchrow("SELECT attempts, ripe_at FROM job WHERE id = $1", created.id)
+    assert queued is not None
+    assert (queued["attempts"], queued["ripe_at"]) == (0, lost.ripe_at)
+    assert await worker.run_once() == 1
+    await worker.wait_idle()
+    assert await where(conn, created.id) == []
