@@ -3,43 +3,16 @@ client sends (Content-Length, chunked bodies) differs from Quart's test client."
 
 from __future__ import annotations
 
-import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from hypercorn.asyncio import serve
-from hypercorn.config import Config
 
-from jobq import db
-from jobq.app import create_app
 from jobq.config import Settings
-from jobq.db import Connection, Database
+from jobq.db import Connection
 
 USER = {"name": "Ann", "email": "ann@example.com"}
-
-
-@pytest.fixture
-async def http(settings: Settings, database: Database) -> AsyncIterator[httpx.AsyncClient]:
-    """An httpx client of the app served by hypercorn on an ephemeral port."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)  # connections made before hypercorn accepts wait in the backlog
-    port = sock.getsockname()[1]
-    config = Config()
-    config.bind = [f"fd://{sock.detach()}"]
-    config.accesslog = None
-    stop = asyncio.Event()
-    server = asyncio.create_task(serve(create_app(settings), config, shutdown_trigger=stop.wait))
-    try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
-            yield client
-    finally:
-        stop.set()
-        await server
-        db.bind(database)
 
 
 async def chunks(data: bytes) -> AsyncIterator[bytes]:
@@ -48,17 +21,17 @@ async def chunks(data: bytes) -> AsyncIterator[bytes]:
     yield data[10:]
 
 
-async def test_create_and_read_a_user_over_http(http: httpx.AsyncClient) -> None:
-    created = await http.post("/users", json=USER)
+async def test_create_and_read_a_user_over_http(served_http: httpx.AsyncClient) -> None:
+    created = await served_http.post("/users", json=USER)
     assert created.status_code == 201
     user = created.json()
-    fetched = await http.get(f"/users/{user['id']}")
+    fetched = await served_http.get(f"/users/{user['id']}")
     assert fetched.status_code == 200
     assert fetched.json() == user
 
 
-async def test_chunked_json_body_is_accepted(http: httpx.AsyncClient) -> None:
-    response = await http.post(
+async def test_chunked_json_body_is_accepted(served_http: httpx.AsyncClient) -> None:
+    response = await served_http.post(
         "/users",
         content=chunks(json.dumps(USER).encode()),
         headers={"Content-Type": "application/json"},
@@ -69,10 +42,10 @@ async def test_chunked_json_body_is_accepted(http: httpx.AsyncClient) -> None:
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
 async def test_wrong_content_type_is_415(
-    http: httpx.AsyncClient, conn: Connection, chunked: bool
+    served_http: httpx.AsyncClient, conn: Connection, chunked: bool
 ) -> None:
     body = json.dumps(USER).encode()
-    response = await http.post(
+    response = await served_http.post(
         "/users",
         content=chunks(body) if chunked else body,
         headers={"Content-Type": "text/plain"},
@@ -80,15 +53,15 @@ async def test_wrong_content_type_is_415(
     assert response.status_code == 415
     assert response.json()["error"] == "unsupported_media_type"
     assert await conn.fetchval("SELECT count(*) FROM users") == 0
-    assert (await http.get("/health")).status_code == 200
+    assert (await served_http.get("/health")).status_code == 200
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
 async def test_body_too_large_is_413(
-    http: httpx.AsyncClient, conn: Connection, settings: Settings, chunked: bool
+    served_http: httpx.AsyncClient, conn: Connection, settings: Settings, chunked: bool
 ) -> None:
     body = json.dumps({**USER, "name": "n" * settings.max_body_bytes}).encode()
-    response = await http.post(
+    response = await served_http.post(
         "/users",
         content=chunks(body) if chunked else body,
         headers={"Content-Type": "application/json"},
@@ -96,18 +69,18 @@ async def test_body_too_large_is_413(
     assert response.status_code == 413
     assert response.json()["error"] == "request_entity_too_large"
     assert await conn.fetchval("SELECT count(*) FROM users") == 0
-    assert (await http.get("/health")).status_code == 200
+    assert (await served_http.get("/health")).status_code == 200
 
 
-async def test_405_names_the_allowed_methods(http: httpx.AsyncClient) -> None:
-    response = await http.put("/users", json=USER)
+async def test_405_names_the_allowed_methods(served_http: httpx.AsyncClient) -> None:
+    response = await served_http.put("/users", json=USER)
     assert response.status_code == 405
     assert response.json()["error"] == "method_not_allowed"
     assert "POST" in response.headers["Allow"]
 
 
-async def test_invalid_utf8_body_is_400(http: httpx.AsyncClient, conn: Connection) -> None:
-    response = await http.post(
+async def test_invalid_utf8_body_is_400(served_http: httpx.AsyncClient, conn: Connection) -> None:
+    response = await served_http.post(
         "/users",
         content=b'{"name": "\xc3\x28", "email": "ann@example.com"}',
         headers={"Content-Type": "application/json"},
@@ -115,4 +88,4 @@ async def test_invalid_utf8_body_is_400(http: httpx.AsyncClient, conn: Connectio
     assert response.status_code == 400
     assert response.json()["error"] == "bad_request"
     assert await conn.fetchval("SELECT count(*) FROM users") == 0
-    assert (await http.get("/health")).status_code == 200
+    assert (await served_http.get("/health")).status_code == 200
