@@ -26,7 +26,7 @@ import socket
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -69,6 +69,8 @@ class Worker:
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._claim_lock = asyncio.Lock()
+        self._claimed_up_to: datetime | None = None
+        """The time of the last round's claim: jobs ripe by then were claimed or locked."""
         self._tasks: dict[asyncio.Task[None], ClaimedJob] = {}
         self._held: set[int] = set()
         """Tokens of the jobs this worker holds: running, or their outcome not recorded yet."""
@@ -198,11 +200,16 @@ class Worker:
             await asyncio.sleep(every.total_seconds())
 
     async def _idle_timeout(self) -> float:
-        """Seconds until the next job ripens, at most the poll interval."""
+        """Seconds until the next job ripens, at most the poll interval.
+
+        "Next" is after the last claim's time, not after now: a job that ripened between that
+        claim and now (a timer fires up to a millisecond early) is due at once, rather than
+        waiting for the one after it.
+        """
         poll = self.settings.poll_interval.total_seconds()
         now = clock.now()
         async with self.database.pool.acquire() as conn:
-            upcoming = await store.next_ripe_at(conn, now=now)
+            upcoming = await store.next_ripe_at(conn, now=self._claimed_up_to or now)
         if upcoming is None:
             return poll
         return max(0.0, min(poll, (upcoming - now).total_seconds()))
@@ -271,6 +278,7 @@ class Worker:
         Raises: `asyncpg.PostgresError` / `OSError` (the outcomes wait for the next round).
         """
         async with self._claim_lock:
+            self._claimed_up_to = None
             batch = self.acker.take()
             claiming = not self._stopping.is_set() and self.alive and self.id is not None
             free = self.free_slots + len(batch) if claiming else 0
@@ -298,6 +306,8 @@ class Worker:
                     listener.terminate()
                 raise
             self.acker.settle(batch, recorded)
+            if free > 0:
+                self._claimed_up_to = now
             for job in jobs:
                 self._start(job)
             self.counts["claimed"] += len(jobs)

@@ -7,9 +7,10 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from freezegun import freeze_time
 from pydantic import BaseModel
 
 from jobq import clock
@@ -17,7 +18,7 @@ from jobq.db import Connection, Database, transaction
 from jobq.queue import Job, JobContext, Registry, Worker, enqueue
 from jobq.queue.notify import CHANNEL, Notifier, notifier
 from tests.queue.conftest import NewWorker
-from tests.queue.helpers import eventually
+from tests.queue.helpers import MakeWorker, eventually
 
 SLOW_POLL = 30.0  # seconds: a wake-up that waited for the poll would time the test out
 
@@ -249,3 +250,21 @@ async def insert_job(conn: Connection, *, n: int, notify: bool = False) -> None:
     )
     if notify:
         await conn.execute("NOTIFY jobq")
+
+
+async def test_a_job_that_ripened_since_the_last_claim_is_due_at_once(
+    make_worker: MakeWorker,
+) -> None:
+    """A timer may fire a little before the ripe_at it waits for: the claim then finds nothing.
+    The next sleep must not skip that job and wait for the one after it."""
+    t0 = datetime(2030, 6, 1, 12, 0, tzinfo=UTC)
+    with freeze_time(t0, real_asyncio=True) as frozen:
+        await enqueue(Job(job_type="tick", arguments={"n": 1}).runs_at(t0 + timedelta(seconds=1)))
+        await enqueue(Job(job_type="tick", arguments={"n": 2}).runs_at(t0 + timedelta(seconds=3)))
+        worker = await make_worker(Starts().handlers(), poll_interval=SLOW_POLL)
+        assert await worker.run_once() == 0  # woken just before the first ripe_at
+        assert await worker._idle_timeout() == pytest.approx(1.0)
+        frozen.move_to(t0 + timedelta(seconds=1))  # it ripened while the claim ran
+        assert await worker._idle_timeout() == 0  # not 2 s, the wait for the second job
+        assert await worker.run_once() == 1
+        await worker.wait_idle()
