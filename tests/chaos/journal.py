@@ -204,14 +204,17 @@ class Analysis:
         ):
             execution = Execution(**dict(r))
             self.executions[execution.job_id].append(execution)
-            owner = next(
-                (
-                    c
-                    for c in self.claims[execution.job_id]
-                    if c.worker_id == execution.worker_id and c.attempts + 1 == execution.attempt
-                ),
-                None,
-            )
+            # The claim it ran under: the latest one by its worker, at its attempt, made before
+            # it started. A worker can claim a job twice at one attempt: a release (on a stop,
+            # or of a claim whose answer was lost) charges no attempt.
+            candidates = [
+                c
+                for c in self.claims[execution.job_id]
+                if c.worker_id == execution.worker_id
+                and c.attempts + 1 == execution.attempt
+                and c.claimed_at <= execution.started_at
+            ]
+            owner = max(candidates, key=lambda c: c.claimed_at) if candidates else None
             if owner is None:
                 self.orphan_executions.append(execution)
             else:

@@ -21,8 +21,9 @@ import pytest
 from pydantic import BaseModel
 
 from jobq import clock, db
-from jobq.db import Database
-from jobq.queue import Job, JobContext, Registry, Worker, enqueue, store
+from jobq.db import Connection, Database
+from jobq.queue import Job, JobContext, Registry, Worker, enqueue, enqueue_many, store
+from tests.chaos import journal
 from tests.chaos.server import PostgresInstance
 
 pytestmark = pytest.mark.chaos
@@ -94,3 +95,32 @@ async def test_a_database_restart_does_not_make_live_workers_look_dead(
         db.bind(database)
     assert rescued == 0, "a live worker's running job was rescued after a database restart"
     assert holder == a.id
+
+
+async def test_a_job_claimed_twice_by_one_worker_at_one_attempt_is_not_lost(
+    chaos_conn: Connection,
+) -> None:
+    """The suite's own bookkeeping: a claim whose answer was lost is released with no attempt
+    charged, and the same worker may claim the job again at the same attempt. Its execution
+    belongs to that second claim, which completed it: the job was not lost (a full run once
+    reported 3 such jobs as lost)."""
+    conn = chaos_conn
+    (job_id,) = await enqueue_many([Job(job_type="chaos_run", arguments={"n": 1})])
+    now = clock.now()
+    lease = now + timedelta(seconds=30)
+    await store.claim(conn, worker_id=7, max_jobs=1, now=now, lease_expires_at=lease)
+    assert await store.release_orphans(conn, worker_id=7, held=[], now=clock.now()) == 1
+    (again,) = await store.claim(
+        conn, worker_id=7, max_jobs=1, now=clock.now(), lease_expires_at=lease
+    )
+    await conn.execute(
+        "INSERT INTO chaos_execution (job_id, attempt, worker_id, pid, started_at, finished_at,"
+        " outcome) VALUES ($1, 1, 7, 0, $2, $2, 'ok')",
+        job_id,
+        clock.now(),
+    )
+    assert await store.complete(conn, [again.token]) == 1
+    analysis = await journal.Analysis.load(conn, {job_id})
+    assert analysis.ends() == {"complete": 1, "release": 1}
+    assert analysis.orphan_executions == []
+    assert analysis.lost() == []
