@@ -21,8 +21,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,6 +33,7 @@ import pytest
 from jobq.config import PROJECT_ROOT
 from jobq.db import Connection, Database
 from jobq.queue import Enqueued, Job, enqueue
+from tests.procs import START_S, Proc, check_running, eventually, registered
 from tests.webhook_receiver import Receiver, assert_reminder_delivery
 
 pytestmark = pytest.mark.slow
@@ -65,27 +65,8 @@ WORKER_ENV = {
 
 WEBHOOK_SECRET = "proc-test-webhook-secret"  # noqa: S105 (a test value)
 
-START_S = 15.0
-"""How long a subprocess may take to start (import, migrate, connect)."""
-
 
 # -- subprocesses -----------------------------------------------------------------------------
-
-
-@dataclass
-class Proc:
-    """A `python -m jobq` subprocess, its output in `log_path`."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
 
 Spawn = Callable[..., Proc]
@@ -137,60 +118,6 @@ def spawn(database_url: str, tmp_path: Path) -> Iterator[Spawn]:
         proc.popen.wait(timeout=10)
         print(f"----- {proc.name} (pid {proc.pid}, exit {proc.popen.returncode}) -----")
         print(proc.log())
-
-
-def check_running(procs: tuple[Proc, ...]) -> None:
-    """Fail at once, with its output, when a process that should be running has exited."""
-    for proc in procs:
-        if proc.popen.poll() is not None:
-            raise AssertionError(
-                f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log()[-4000:]}"
-            )
-
-
-async def eventually(
-    check: Callable[[], Awaitable[T | None]],
-    *,
-    within: float,
-    what: str,
-    running: tuple[Proc, ...] = (),
-) -> T:
-    """Return the first truthy result of `check()`, polled every 20 ms for up to `within` s.
-    Raises `AssertionError` on timeout, or when a process of `running` exits meanwhile."""
-    deadline = time.monotonic() + within
-    while True:
-        value = await check()
-        if value:
-            return value
-        check_running(running)
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within:g} s waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-async def exit_code(proc: Proc, *, within: float) -> int:
-    """Wait up to `within` s for `proc` to exit and return its exit code."""
-    deadline = time.monotonic() + within
-    while (code := proc.popen.poll()) is None:
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"{proc.name} still running {within:g} s later:\n{proc.log()[-4000:]}"
-            )
-        await asyncio.sleep(0.02)
-    return code
-
-
-async def registered(conn: Connection, proc: Proc) -> int:
-    """Wait until the worker process `proc` has registered (its liveness lock is held and its
-    signal handlers are installed); return its worker id."""
-
-    async def worker_id() -> int | None:
-        value: int | None = await conn.fetchval("SELECT id FROM worker WHERE pid = $1", proc.pid)
-        return value
-
-    return await eventually(
-        worker_id, within=START_S, what=f"{proc.name} to register", running=(proc,)
-    )
 
 
 async def in_log(proc: Proc, text: str, *, within: float) -> None:
@@ -275,7 +202,7 @@ async def test_kill_9_loses_no_job_and_another_worker_reruns_it_within_seconds(
 
     killed_at = datetime.now(UTC)
     a.popen.send_signal(signal.SIGKILL)
-    assert await exit_code(a, within=5) == -signal.SIGKILL
+    assert await a.exit_code(within=5) == -signal.SIGKILL
 
     # Guarantee 2: at every instant the job is in exactly one place, until B completes it.
     deadline = time.monotonic() + 8
@@ -320,7 +247,7 @@ async def test_stop_signal_drains_the_running_job_and_exits_0(
     await in_log(worker, "draining", within=5)  # the stop has begun
     # Claiming has stopped: a job enqueued during the drain stays queued.
     late = await enqueue_sleep(0, tag="late")
-    assert await exit_code(worker, within=10) == 0
+    assert await worker.exit_code(within=10) == 0
 
     (execution,) = await execution_rows(conn, job.id)
     assert execution["finished_at"] is not None
@@ -343,7 +270,7 @@ async def test_stop_past_the_drain_timeout_requeues_the_job_uncharged(
 
     stopping_at = time.monotonic()
     a.popen.send_signal(signal.SIGTERM)
-    assert await exit_code(a, within=1 + 3) == 0
+    assert await a.exit_code(within=1 + 3) == 0
     print(f"stop with a 1 s drain timeout took {time.monotonic() - stopping_at:.2f} s")
 
     queued = await conn.fetchrow("SELECT attempts, ripe_at FROM job WHERE id = $1", job.id)
@@ -440,4 +367,4 @@ async def test_serve_delivers_a_reminder_to_a_webhook_on_time_and_stops_on_sigte
         assert len(receiver.requests) == 1
 
     server.popen.send_signal(signal.SIGTERM)
-    assert await exit_code(server, within=15) == 0
+    assert await server.exit_code(within=15) == 0

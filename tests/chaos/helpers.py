@@ -8,9 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,6 +18,7 @@ from jobq.db import Connection
 from jobq.queue import Job, enqueue_many
 from tests.chaos.handlers import JOB_TYPE
 from tests.chaos.journal import Analysis
+from tests.procs import Proc, eventually, registered
 
 T = TypeVar("T")
 
@@ -43,9 +42,6 @@ WORKER_ENV = {
 that wants rescue within seconds would run. Liveness is the advisory lock, so a dead worker's
 jobs come back within a rescue interval; the 10 s lease only decides for hung workers, and is
 long enough that a database restart of a few seconds does not expire it."""
-
-START_S = 20.0
-"""How long a subprocess may take to start (import, migrate, connect) on a busy machine."""
 
 
 def settings_of(env: dict[str, str]) -> dict[str, float | int | str]:
@@ -78,56 +74,6 @@ def utcnow() -> datetime:
 
 
 # -- subprocesses -----------------------------------------------------------------------------
-
-
-@dataclass
-class Proc:
-    """A `python -m jobq` subprocess; its output is in `log_path`."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-    worker_id: int | None = None
-    signals: list[tuple[str, datetime]] = field(default_factory=list)
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    @property
-    def running(self) -> bool:
-        return self.popen.poll() is None
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def send(self, sig: signal.Signals) -> datetime:
-        """Send `sig`; return when (aware UTC, taken just before sending)."""
-        at = utcnow()
-        self.popen.send_signal(sig)
-        self.signals.append((sig.name, at))
-        return at
-
-    async def exit_code(self, *, within: float) -> int:
-        """Wait up to `within` s for the process to exit and return its exit code."""
-        deadline = time.monotonic() + within
-        while (code := self.popen.poll()) is None:
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"{self.name} still running {within:g} s later:\n{self.log()[-3000:]}"
-                )
-            await asyncio.sleep(0.01)
-        return code
-
-    def final_counts(self) -> dict[str, int]:
-        """The counts of the worker's last `worker N stopped: {...}` log line."""
-        import ast
-
-        for line in reversed(self.log().splitlines()):
-            if " stopped: {" in line:
-                counts: dict[str, int] = ast.literal_eval(line[line.index("{") :])
-                return counts
-        raise AssertionError(f"{self.name} logged no final counts:\n{self.log()[-3000:]}")
 
 
 class Procs:
@@ -183,53 +129,6 @@ class Procs:
         for proc in failed or self.started[-3:]:
             print(f"----- {proc.name} (pid {proc.pid}, exit {proc.popen.returncode}) -----")
             print(proc.log()[-3000:])
-
-
-def check_running(procs: tuple[Proc, ...]) -> None:
-    """Fail at once, with its output, when a process that should be running has exited."""
-    for proc in procs:
-        if not proc.running:
-            raise AssertionError(
-                f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log()[-3000:]}"
-            )
-
-
-async def eventually(
-    check: Callable[[], Awaitable[T | None]],
-    *,
-    within: float,
-    what: str,
-    running: tuple[Proc, ...] = (),
-    every: float = 0.02,
-) -> T:
-    """Return the first truthy result of `check()`, polled every `every` s for up to `within` s.
-    Raises `AssertionError` on timeout, or when a process of `running` exits meanwhile."""
-    deadline = time.monotonic() + within
-    while True:
-        value = await check()
-        if value:
-            return value
-        check_running(running)
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within:g} s waiting for {what}")
-        await asyncio.sleep(every)
-
-
-async def registered(conn: Connection, proc: Proc) -> int:
-    """Wait until the worker process `proc` holds its liveness lock; return its worker id."""
-
-    async def worker_id() -> int | None:
-        value: int | None = await conn.fetchval(
-            "SELECT w.id FROM worker AS w JOIN pg_locks AS l"
-            " ON l.locktype = 'advisory' AND l.objid = w.id AND l.granted"
-            " AND l.classid = 1785684593 WHERE w.pid = $1",
-            proc.pid,
-        )
-        return value
-
-    return await eventually(
-        worker_id, within=START_S, what=f"{proc.name} to register", running=(proc,)
-    )
 
 
 # -- jobs -------------------------------------------------------------------------------------

@@ -26,13 +26,10 @@ from jobq.queue import sql
 from tests.chaos import journal
 from tests.chaos.helpers import (
     WORKER_ENV,
-    Proc,
     Procs,
-    check_running,
     drained,
     emit,
     enqueue_jobs,
-    eventually,
     pickup_latency,
     remaining,
     settings_of,
@@ -42,6 +39,7 @@ from tests.chaos.helpers import (
 from tests.chaos.journal import seconds
 from tests.chaos.server import PostgresInstance, StopMode
 from tests.chaos.traffic import Traffic, start_api
+from tests.procs import Proc, check_running, eventually
 
 pytestmark = pytest.mark.chaos
 

@@ -25,13 +25,13 @@ from tests.chaos.helpers import (
     drained,
     emit,
     enqueue_jobs,
-    eventually,
     remaining,
     settings_of,
     utcnow,
     verify,
 )
 from tests.chaos.journal import Analysis, seconds
+from tests.procs import eventually
 
 pytestmark = pytest.mark.chaos
 

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 import httpx
 
 from jobq.db import Connection
-from tests.chaos.helpers import Proc, Procs, eventually
+from tests.chaos.helpers import Procs
 from tests.chaos.server import free_port
+from tests.procs import Proc, eventually
 
 TIMEOUT_S = 15.0
 """The client's timeout: far beyond what an answer may take, so that a hang shows as one."""
