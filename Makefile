@@ -17,8 +17,8 @@ $(INSTALLED): pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $@
 
-run: $(INSTALLED) ## Serve the API on http://127.0.0.1:8000 with a worker (Ctrl-C stops it gracefully)
-	$(BIN)/python -m jobq serve
+run: $(INSTALLED) ## Serve the API on http://127.0.0.1:8000: web and worker processes (Ctrl-C stops them gracefully)
+	$(BIN)/python -m jobq run
 
 test: $(INSTALLED) ## Run the tests against a fresh database (embedded PostgreSQL unless TEST_DATABASE_URL)
 	$(BIN)/pytest

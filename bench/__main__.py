@@ -7,8 +7,9 @@ taken. One JSON object per line goes to stdout (and is appended to `.bench/resul
 `"per_run"` (every run's figures) and `"machine"`. Then a table: workload, figure, value,
 target, met. Progress and the subprocesses' logs' location go to stderr.
 
-Workloads (what each times: `bench.queue_bench`, `bench.http_bench`): throughput,
-pickup_latency, scheduled_lateness, http_reminders, enqueue_concurrent, memory.
+Workloads (what each times: `bench.queue_bench`, `bench.http_bench`, `bench.limits_bench`):
+throughput, pickup_latency, scheduled_lateness, http_reminders, enqueue_concurrent, memory,
+limits_overhead, queue_isolation, held_back_claim.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from bench import http_bench, queue_bench
+from bench import http_bench, limits_bench, queue_bench
 from bench.context import Context, Figures
 from bench.harness import BENCH_DIR, bench_database, machine
 
@@ -48,6 +49,9 @@ WORKLOADS: dict[str, Spec] = {
     "http_reminders": Spec(http_bench.http_reminders),
     "enqueue_concurrent": Spec(queue_bench.enqueue_concurrent, keys=("producers",)),
     "memory": Spec(queue_bench.memory),
+    "limits_overhead": Spec(limits_bench.limits_overhead, keys=("concurrency",)),
+    "queue_isolation": Spec(limits_bench.queue_isolation),
+    "held_back_claim": Spec(limits_bench.held_back_claim),
 }
 
 
@@ -86,6 +90,9 @@ TARGETS = (
     Target("enqueue_concurrent", "jobs_per_s", ">=", 5_000),
     Target("memory", "peak_rss_mb", "<=", 150),
     Target("memory", "rss_growth", "<=", 1.1),
+    Target("limits_overhead", "ratio_to_unlimited", ">=", 0.9),
+    Target("queue_isolation", "p99_ms", "<=", 3),
+    Target("queue_isolation", "slow_running", "==", 2),
 )
 """The issue's targets (on a 2-core machine). "Flat as the queue grows" is read as: the peak
 RSS draining 100,000 jobs at most 10% above the peak draining 10,000."""

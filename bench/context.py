@@ -12,6 +12,7 @@ from bench.harness import BenchDatabase
 from jobq import db
 from jobq.config import Settings
 from jobq.db import Connection, Database
+from tests.toolkit.procs import Proc, spawn
 
 Figures = dict[str, Any]
 """One line's figures of one run: `{"concurrency": 16, "jobs_per_s": 31250.0, ...}`. The keys
@@ -35,6 +36,19 @@ class Context:
     def name(self, what: str) -> str:
         """A subprocess's name (its log file): `<what>-run<n>`."""
         return f"{what}-run{self.run}"
+
+    def spawn(self, command: str, what: str, *, module: str = "jobq", **env: str) -> Proc:
+        """Start `python -m <module> [<command>]` on the benchmark database (see
+        `tests.toolkit.procs.spawn`) with a quiet log and the benchmark's handlers, then `env`;
+        its log is `log_dir/<what>-run<n>.log`."""
+        return spawn(
+            command,
+            self.name(what),
+            database_url=self.dsn,
+            log_dir=self.log_dir,
+            env={"JOBQ_LOG_LEVEL": "WARNING", "JOBQ_JOB_MODULES": "bench.handlers", **env},
+            module=module,
+        )
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[Connection]:

@@ -2,6 +2,7 @@
 `JOBQ_JOB_MODULES=bench.handlers` (with `PYTHONPATH` at the project root).
 
 - `bench_noop` does nothing: the drain measures the queue alone.
+- `bench_sleep` sleeps `seconds`: a slow job that holds its slot.
 - `bench_stamp` reads the wall clock (`time.time()`) first thing, then records it in
   `bench_event` in a transaction of its own (after the reading, so the insert never delays it).
   The producer records its own wall-clock reading right after the enqueue's COMMIT returned;
@@ -10,6 +11,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from pydantic import BaseModel
@@ -19,6 +21,7 @@ from jobq.queue import JobContext, handler
 
 NOOP = "bench_noop"
 STAMP = "bench_stamp"
+SLEEP = "bench_sleep"
 
 TABLES_SQL = """
 CREATE TABLE IF NOT EXISTS bench_event (
@@ -70,3 +73,16 @@ async def bench_stamp(args: StampArgs, job: JobContext) -> None:
             started_s,
             args.due_s,
         )
+
+
+class SleepArgs(BaseModel):
+    """`seconds` to sleep; `i` tells otherwise identical jobs apart (dedup)."""
+
+    seconds: float
+    i: int = 0
+
+
+@handler(SLEEP, args=SleepArgs)
+async def bench_sleep(args: SleepArgs, job: JobContext) -> None:
+    """Sleep `seconds`."""
+    await asyncio.sleep(args.seconds)

@@ -3,15 +3,17 @@ them, against a bare endpoint measured in the same run.
 
 What is measured, exactly: `python -m jobq serve` (hypercorn, one process, its worker running
 in it: `JOBQ_RUN_WORKERS=true`, default settings but `JOBQ_LOG_LEVEL=WARNING`, so no access
-log line per request) on a free port; `USERS` users whose webhook is a `WebhookReceiver` in
-this process (keep-alive, signature checked). Then `bench.loadgen.closed_loop`: `CONNECTIONS`
+log line per request, `JOBQ_WEBHOOK_ALLOW_PRIVATE=true` for the local receiver and no per-key
+rate limit) on a free port; `USERS` users whose webhook is a `WebhookReceiver` in this
+process (keep-alive, signature checked). Then `bench.loadgen.closed_loop`: `CONNECTIONS`
 keep-alive connections for `DURATION_S` seconds, each `POST /users/<id>/reminders` (users in
-turn) due 0.5 to 2 s later, so the worker delivers them while the load goes on. `req_per_s`:
-201 answers per second; `p50_ms`/`p99_ms`: latency of every answer; `errors`: non-201
-answers plus transport errors and timeouts. Then the load stops and `delivered` counts the
-reminders the receiver got within `DELIVERY_WAIT_S`, `drain_s` how long after the load the
-last one arrived. Then `python -m bench.bare` (same settings, same hypercorn set-up) under the
-same load for `BARE_DURATION_S`: `bare_req_per_s`; `ratio_to_bare` is req_per_s over it.
+turn, each with its API key) due 0.5 to 2 s later, so the worker delivers them while the load
+goes on. `req_per_s`: 201 answers per second; `p50_ms`/`p99_ms`: latency of every answer;
+`errors`: non-201 answers plus transport errors and timeouts. Then the load stops and
+`delivered` counts the reminders the receiver got within `DELIVERY_WAIT_S`, `drain_s` how long
+after the load the last one arrived. Then `python -m bench.bare` (same settings, same
+hypercorn set-up) under the same load for `BARE_DURATION_S`: `bare_req_per_s`;
+`ratio_to_bare` is req_per_s over it.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ import time
 
 from bench import loadgen
 from bench.context import Context, Figures
-from bench.harness import free_port, http_ready, spawn
 from bench.loadgen import Request, closed_loop
-from bench.receiver import WebhookReceiver
+from tests.toolkit.procs import check_running, free_port, http_ready
+from tests.toolkit.receiver import WebhookReceiver
 
 USERS = 100
 CONNECTIONS = 32
@@ -33,9 +35,25 @@ DELIVERY_WAIT_S = 60.0
 WEBHOOK_SECRET = "bench-webhook-secret"  # noqa: S105 (a benchmark's value)
 
 
-async def create_users(port: int, count: int, webhook_url: str | None) -> list[int]:
-    """Create `count` users over HTTP (`bench-<i>@example.com`); return their ids."""
-    ids = []
+BenchUser = tuple[int, str]
+"""A user's id and API key."""
+
+SERVE_ENV = {
+    "JOBQ_RUN_WORKERS": "true",
+    "JOBQ_WEBHOOK_SECRET": WEBHOOK_SECRET,
+    "JOBQ_WEBHOOK_ALLOW_PRIVATE": "true",  # the receiver listens on 127.0.0.1
+    "JOBQ_RATE_LIMIT_PER_S": "0",  # measured without the per-key rate limit
+    # every user's webhook is the one receiver, one host: lift its per-host delivery limits
+    # (20 per second by default), which would pace the run rather than measure it
+    "JOBQ_REMINDER_HOST_MAX_RUNNING": "1000",
+    "JOBQ_REMINDER_HOST_RATE": "1000000",
+}
+"""The settings of the measured server, besides its address."""
+
+
+async def create_users(port: int, count: int, webhook_url: str | None) -> list[BenchUser]:
+    """Create `count` users over HTTP (`bench-<i>@example.com`); return their ids and keys."""
+    users = []
     for i in range(count):
         body = {"name": f"bench {i}", "email": f"bench-{i}@example.com", "webhook_url": webhook_url}
         status, answer = await loadgen.fetch(
@@ -43,14 +61,16 @@ async def create_users(port: int, count: int, webhook_url: str | None) -> list[i
         )
         if status != 201:
             raise RuntimeError(f"creating a user: HTTP {status} {answer[:200]!r}")
-        ids.append(int(json.loads(answer)["id"]))
-    return ids
+        created = json.loads(answer)
+        users.append((int(created["id"]), str(created["api_key"])))
+    return users
 
 
-def reminder_request(users: list[int], i: int) -> Request:
-    """The `i`-th reminder: for the users in turn, due 0.5 to 2 s later."""
+def reminder_request(users: list[BenchUser], i: int) -> Request:
+    """The `i`-th reminder: for the users in turn (with their keys), due 0.5 to 2 s later."""
     body = {"message": f"bench {i}", "remind_in_seconds": 0.5 + (i % 16) / 10}
-    return Request.json("POST", f"/users/{users[i % len(users)]}/reminders", body)
+    user_id, key = users[i % len(users)]
+    return Request.json("POST", f"/users/{user_id}/reminders", body, key=key)
 
 
 async def http_reminders(ctx: Context) -> list[Figures]:
@@ -58,16 +78,12 @@ async def http_reminders(ctx: Context) -> list[Figures]:
     receiver = WebhookReceiver(secret=WEBHOOK_SECRET)
     await receiver.start()
     port = free_port()
-    server = spawn(
-        "jobq",
-        ["serve"],
-        ctx.name("serve"),
-        ctx.dsn,
-        ctx.log_dir,
+    server = ctx.spawn(
+        "serve",
+        "serve",
         JOBQ_HTTP_HOST="127.0.0.1",
         JOBQ_HTTP_PORT=str(port),
-        JOBQ_RUN_WORKERS="true",
-        JOBQ_WEBHOOK_SECRET=WEBHOOK_SECRET,
+        **SERVE_ENV,
     )
     try:
         await http_ready(port, server)
@@ -82,7 +98,7 @@ async def http_reminders(ctx: Context) -> list[Figures]:
         load_end = time.time()
         await receiver.wait_delivered(result.statuses[201], timeout_s=DELIVERY_WAIT_S)
         last_s = max((d[-1].received_s for d in receiver.deliveries.values()), default=load_end)
-        server.check_running()
+        check_running((server,))
     finally:
         await server.stop()
         await receiver.close()
@@ -108,12 +124,10 @@ async def http_reminders(ctx: Context) -> list[Figures]:
 async def _bare(ctx: Context) -> float:
     """The bare endpoint's 201 answers per second under the same load."""
     port = free_port()
-    server = spawn(
-        "bench.bare",
-        [],
-        ctx.name("bare"),
-        ctx.dsn,
-        ctx.log_dir,
+    server = ctx.spawn(
+        "",
+        "bare",
+        module="bench.bare",
         JOBQ_HTTP_HOST="127.0.0.1",
         JOBQ_HTTP_PORT=str(port),
     )
@@ -126,7 +140,7 @@ async def _bare(ctx: Context) -> float:
             connections=CONNECTIONS,
             duration_s=BARE_DURATION_S,
         )
-        server.check_running()
+        check_running((server,))
     finally:
         await server.stop()
     if result.statuses[201] != result.answered or result.errors:

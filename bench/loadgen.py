@@ -53,10 +53,16 @@ class Request:
     tag: Any = None
 
     @classmethod
-    def json(cls, method: str, path: str, value: Any, *, tag: Any = None) -> Request:
-        """A request whose body is `value` as JSON (`Content-Type: application/json`)."""
+    def json(
+        cls, method: str, path: str, value: Any, *, tag: Any = None, key: str | None = None
+    ) -> Request:
+        """A request whose body is `value` as JSON (`Content-Type: application/json`), with
+        `Authorization: Bearer <key>` when a user's API `key` is given."""
         body = json.dumps(value, separators=(",", ":")).encode()
-        return cls(method, path, body, (("Content-Type", "application/json"),), tag)
+        headers = [("Content-Type", "application/json")]
+        if key is not None:
+            headers.append(("Authorization", f"Bearer {key}"))
+        return cls(method, path, body, tuple(headers), tag)
 
     def encode(self, host: str) -> bytes:
         """The request's bytes on the wire (HTTP/1.1, keep-alive)."""

@@ -48,11 +48,12 @@ import asyncpg
 from bench import harness
 from bench.context import Context, Figures
 from bench.handlers import NOOP, STAMP
-from bench.harness import Proc, spawn, wait_drained, worker_registered
+from bench.harness import wait_drained
 from bench.loadgen import percentile
 from jobq import clock
 from jobq.db import Connection
 from jobq.queue import Job, enqueue, enqueue_many
+from tests.toolkit.procs import Proc, check_running, registered
 
 THROUGHPUT_JOBS = 20_000
 CONCURRENCIES = (1, 16, 128)
@@ -74,10 +75,6 @@ DELETE FROM job WHERE id = (
 """
 """The seeds' claim, the reference: one job per transaction, gone once claimed (no guarantee
 of any kind: a crash loses the job)."""
-
-
-def _worker(ctx: Context, what: str, **env: str) -> Proc:
-    return spawn("jobq", ["worker"], ctx.name(what), ctx.dsn, ctx.log_dir, **env)
 
 
 async def _enqueue_batches(ctx: Context, jobs: list[Job]) -> float:
@@ -120,10 +117,12 @@ async def throughput(ctx: Context) -> list[Figures]:
 async def _worker_drain(ctx: Context, concurrency: int) -> Figures:
     await ctx.database.reset()
     jobs = _noop_jobs(THROUGHPUT_JOBS)
-    proc = _worker(ctx, f"throughput-c{concurrency}", JOBQ_MAX_CONCURRENT_JOBS=str(concurrency))
+    proc = ctx.spawn(
+        "worker", f"throughput-c{concurrency}", JOBQ_MAX_CONCURRENT_JOBS=str(concurrency)
+    )
     try:
         async with ctx.connection() as conn:
-            await worker_registered(conn, proc)
+            await registered(conn, proc)
             async with ctx.jobq_database():
                 started = time.perf_counter()
                 ids = await enqueue_many(jobs)
@@ -186,7 +185,7 @@ async def _stamps(conn: Connection, count: int, *, within_s: float, proc: Proc) 
     """Wait for `count` rows in `bench_event`; return (job_id, started_s, due_s) of each."""
     deadline = time.monotonic() + within_s
     while (await conn.fetchval("SELECT count(*) FROM bench_event")) < count:
-        proc.check_running()
+        check_running((proc,))
         if time.monotonic() > deadline:
             raise RuntimeError(f"fewer than {count} jobs ran within {within_s:g} s")
         await asyncio.sleep(0.05)
@@ -196,11 +195,11 @@ async def _stamps(conn: Connection, count: int, *, within_s: float, proc: Proc) 
 
 async def pickup_latency(ctx: Context) -> list[Figures]:
     await ctx.database.reset()
-    proc = _worker(ctx, "pickup")
+    proc = ctx.spawn("worker", "pickup")
     committed_s: dict[int, float] = {}
     try:
         async with ctx.connection() as conn:
-            await worker_registered(conn, proc)
+            await registered(conn, proc)
             async with ctx.jobq_database():
                 start = time.perf_counter()
                 for seq in range(PICKUP_JOBS):
@@ -226,10 +225,10 @@ async def pickup_latency(ctx: Context) -> list[Figures]:
 
 async def scheduled_lateness(ctx: Context) -> list[Figures]:
     await ctx.database.reset()
-    proc = _worker(ctx, "scheduled")
+    proc = ctx.spawn("worker", "scheduled")
     try:
         async with ctx.connection() as conn:
-            await worker_registered(conn, proc)
+            await registered(conn, proc)
             first = time.time() + SCHEDULED_LEAD_S
             jobs = []
             for seq in range(SCHEDULED_JOBS):
@@ -307,7 +306,7 @@ async def _drain_peak(ctx: Context, size: int) -> tuple[float, float]:
     await ctx.database.reset()
     await _enqueue_batches(ctx, _noop_jobs(size))
     started = time.perf_counter()
-    proc = _worker(ctx, f"memory-{size}")
+    proc = ctx.spawn("worker", f"memory-{size}")
     sampled = 0.0
     try:
         async with ctx.connection() as conn:

@@ -1,4 +1,4 @@
-"""`python -m jobq serve | worker | migrate | check | db-stop`."""
+"""`python -m jobq run | serve | worker | migrate | check | db-stop`."""
 
 from __future__ import annotations
 
@@ -7,36 +7,54 @@ import asyncio
 import logging
 import signal
 import sys
+import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from pydantic import ValidationError
+
 from jobq.config import Settings
+from jobq.queue.slots import ConfigError
 
 T = TypeVar("T")
+
+_stop_requested = threading.Event()
+"""Set by a SIGTERM/SIGINT that arrives while the process is still starting (before its event
+loop's handlers exist): `run`'s supervisor may stop a child that has not finished starting,
+and that child must then stop cleanly (exit 0), not die of the signal."""
+
+
+def _note_stop(_signum: int, _frame: object) -> None:
+    _stop_requested.set()
 
 
 def _signals(stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if _stop_requested.is_set():
+        stop.set()
 
 
-async def serve(settings: Settings) -> None:
+async def serve(settings: Settings, fd: int | None = None) -> None:
     """Serve the API with hypercorn (and, unless JOBQ_RUN_WORKERS=false, a worker) until
-    SIGTERM/SIGINT; then stop gracefully."""
+    SIGTERM/SIGINT; then stop gracefully. `fd`: a listening socket to accept on (inherited
+    from `run`'s supervisor) instead of binding the settings' address."""
     from jobq.app import create_app
 
-    await serve_app(create_app(settings), settings)
+    await serve_app(create_app(settings), settings, fd)
 
 
-async def serve_app(app: Any, settings: Settings) -> None:
-    """Serve the ASGI `app` with hypercorn on `settings.http_host:http_port` until
-    SIGTERM/SIGINT, then shut it down (within the drain timeout plus 10 s)."""
+async def serve_app(app: Any, settings: Settings, fd: int | None = None) -> None:
+    """Serve the ASGI `app` with hypercorn on `settings.http_host:http_port` (or the listening
+    socket `fd`) until SIGTERM/SIGINT, then shut it down: requests in progress get the drain
+    timeout, the app's own stop (its worker's drain) the drain timeout plus 10 s."""
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config
 
     config = Config()
-    config.bind = [f"{settings.http_host}:{settings.http_port}"]
+    config.bind = [f"fd://{fd}" if fd is not None else f"{settings.http_host}:{settings.http_port}"]
+    config.graceful_timeout = settings.drain_timeout.total_seconds()
     # Hypercorn's loggers propagate to ours: one format, no duplicated lines.
     access = logging.getLogger("hypercorn.access")
     # Hypercorn builds each access record (the whole environ included) before the logger's
@@ -47,6 +65,19 @@ async def serve_app(app: Any, settings: Settings) -> None:
     stop = asyncio.Event()
     _signals(stop)
     await hypercorn_serve(app, config, shutdown_trigger=stop.wait)
+
+
+def supervise(settings: Settings) -> int:
+    """`run`: apply the migrations, bind the HTTP socket, then supervise the web and worker
+    processes (`jobq.supervisor`) until SIGTERM/SIGINT; return the exit code."""
+    from jobq.migrate import prepare
+    from jobq.supervisor import Supervisor, bind
+
+    dsn = run(prepare(settings))
+    with bind(settings) as sock:
+        log = logging.getLogger("jobq.supervisor")
+        log.info("listening on http://%s:%d", *sock.getsockname()[:2])
+        return Supervisor(settings, dsn, sock.fileno()).run()
 
 
 async def work(settings: Settings) -> None:
@@ -83,10 +114,10 @@ async def check(settings: Settings, rescue_grace_s: float) -> int:
 
     from jobq import clock, embedded
     from jobq.check import check as check_queue
-    from jobq.db import connect
+    from jobq.db import connect, session_dsn
 
     dsn = await embedded.resolve_dsn(settings)
-    conn = await connect(dsn)
+    conn = await connect(session_dsn(settings, dsn))
     try:
         report = await check_queue(
             conn,
@@ -111,10 +142,55 @@ def run(main: Coroutine[Any, Any, T]) -> T:
         return runner.run(main)
 
 
+def print_statement(name: str | None) -> int:
+    """Print the queue's statement `name` whole, as PostgreSQL receives it, then its
+    parameters in order; without a (known) name, the names, and return 2."""
+    from jobq.queue import dead, sql
+
+    statements = {n: v for m in (sql, dead) for n, v in vars(m).items() if isinstance(v, sql.Query)}
+    if name not in statements:
+        print("usage: python -m jobq sql NAME\nNAME: " + ", ".join(sorted(statements)))
+        return 2
+    query = statements[name]
+    print(query.text.strip())
+    print("-- " + ", ".join(f"${i} {param}" for i, param in enumerate(query.params, 1)))
+    return 0
+
+
+def _check_queues(settings: Settings) -> None:
+    """Import the handlers, declare the queues, and check `JOBQ_QUEUES` against them.
+    Raises: `ConfigError`, `ImportError`, `ValueError` (a malformed declaration)."""
+    from jobq import jobs
+    from jobq.queue.registry import registry
+    from jobq.queue.slots import served_queues
+
+    jobs.import_job_modules(settings)
+    jobs.declare_queues(settings)
+    served_queues(settings, registry)
+
+
+def _one_line(exc: Exception) -> str:
+    """A start-up error as one line: each invalid setting by its environment name."""
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"invalid setting {_env_name(e['loc'])}: {e['msg']}" for e in exc.errors())
+    return str(exc)
+
+
+def _env_name(loc: tuple[int | str, ...]) -> str:
+    name = str(loc[0]) if loc else "?"
+    return name if name.isupper() else f"JOBQ_{name.upper()}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     parser = argparse.ArgumentParser(prog="python -m jobq", description=__doc__)
-    parser.add_argument("command", choices=["serve", "worker", "migrate", "check", "db-stop"])
+    parser.add_argument(
+        "command", choices=["run", "serve", "worker", "migrate", "check", "db-stop", "sql"]
+    )
+    parser.add_argument("name", nargs="?", help="sql: the statement to print whole")
+    parser.add_argument(
+        "--fd", type=int, help="serve: accept on this inherited listening socket (used by run)"
+    )
     parser.add_argument(
         "--rescue-grace-s",
         type=float,
@@ -123,7 +199,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     command = args.command
-    settings = Settings()
+    if command in ("serve", "worker"):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, _note_stop)
+    if command == "sql":
+        return print_statement(args.name)
+    try:
+        settings = Settings()
+        if command in ("serve", "worker"):
+            _check_queues(settings)
+    except (ValidationError, ConfigError, ImportError, ValueError) as exc:
+        print(f"jobq: {_one_line(exc)}", file=sys.stderr)
+        return 1
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -137,11 +224,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if command == "check":
         return run(check(settings, args.rescue_grace_s))
-    runner = {"serve": serve, "worker": work, "migrate": migrate}[command]
-    run(runner(settings))
+    if command == "run":
+        code = supervise(settings)
+    elif command == "serve":
+        run(serve(settings, args.fd))
+        code = 0
+    else:
+        run({"worker": work, "migrate": migrate}[command](settings))
+        code = 0
     if settings.database_url is None:
         logging.getLogger("jobq").info("embedded PostgreSQL left running (make db-stop stops it)")
-    return 0
+    return code
 
 
 if __name__ == "__main__":

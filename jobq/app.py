@@ -22,12 +22,12 @@ from werkzeug.exceptions import HTTPException, NotFound
 from werkzeug.routing import IntegerConverter
 
 from jobq import db, jobs
-from jobq.api import admin, exports, health, openapi, reminders, users
+from jobq.api import admin, auth, exports, health, openapi, queues, reminders, users
 from jobq.api import jobs as jobs_api
 from jobq.config import Settings
 from jobq.db import Database
 from jobq.domain.types import BIGINT_MAX
-from jobq.errors import DatabaseUnavailable, JobqError
+from jobq.errors import DatabaseUnavailable, JobqError, TooManyRequests
 from jobq.migrate import prepare
 from jobq.queue import Worker
 
@@ -87,8 +87,10 @@ def _register_errors(app: Quart) -> None:
 
     @app.errorhandler(JobqError)
     async def jobq_error(exc: JobqError) -> Response:
-        detail: Any = {"message": exc.message, **exc.data} if exc.data else exc.message
-        return error_body(exc.code, detail, exc.status)
+        response = error_body(exc.code, exc.detail(), exc.status)
+        if isinstance(exc, TooManyRequests):
+            response.headers["Retry-After"] = str(exc.data["retry_after_s"])
+        return response
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:
@@ -122,13 +124,25 @@ def create_app(settings: Settings | None = None) -> Quart:
     app.url_map.converters["int"] = IdConverter  # before the blueprints add their routes
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.extensions["jobq.settings"] = settings
+    app.extensions["jobq.rate_limiter"] = auth.rate_limiter(settings)
     QuartSchema(
         app,
         info=Info(title="jobq", version="0.1.0"),
         openapi_provider_class=openapi.Provider,  # documents every error response
-        security_schemes={admin.SECURITY_SCHEME: {"type": "http", "scheme": "bearer"}},
+        security_schemes={
+            admin.SECURITY_SCHEME: {"type": "http", "scheme": "bearer"},
+            auth.SECURITY_SCHEME: {"type": "http", "scheme": "bearer"},
+        },
     )
-    for blueprint in (users.bp, reminders.bp, exports.bp, jobs_api.bp, health.bp, admin.bp):
+    for blueprint in (
+        users.bp,
+        reminders.bp,
+        exports.bp,
+        jobs_api.bp,
+        health.bp,
+        admin.bp,
+        queues.bp,
+    ):
         app.register_blueprint(blueprint)
     _register_errors(app)
 

@@ -11,6 +11,8 @@ are seen at one instant, as the single-statement moves between them leave them:
   in `job_running`: no worker is rescuing them.
 - `attempts_within_limit`: no queued or running job is past its last attempt (it belongs in the
   dead letter).
+- `limits_held`: no queue, and no concurrency key of a queue, has more jobs in `job_running`
+  than its concurrency limit (`job_queue.max_running`, `max_running_per_key`).
 
 It also counts the jobs per state and the workers alive or dead. The command prints the report
 as JSON and exits 1 when an invariant fails, 0 otherwise.
@@ -79,12 +81,18 @@ async def check(
     Raises: `asyncpg.PostgresError` (e.g. an unmigrated database).
     """
     async with conn.transaction(isolation="repeatable_read", readonly=True):
-        counts = await conn.fetchrow(sql.check_counts, now, heartbeat_grace)
-        places = await conn.fetchrow(sql.check_places, MAX_SAMPLE)
-        running = await conn.fetchrow(
-            sql.check_running, now, heartbeat_grace, rescue_grace, MAX_SAMPLE
+        counts = await sql.check_counts.fetchrow(conn, now=now, heartbeat_grace=heartbeat_grace)
+        places = await sql.check_places.fetchrow(conn, max_sample=MAX_SAMPLE)
+        running = await sql.check_running.fetchrow(
+            conn,
+            now=now,
+            heartbeat_grace=heartbeat_grace,
+            rescue_grace=rescue_grace,
+            max_sample=MAX_SAMPLE,
         )
-        attempts = await conn.fetchrow(sql.check_attempts, MAX_SAMPLE)
+        attempts = await sql.check_attempts.fetchrow(conn, max_sample=MAX_SAMPLE)
+        limits = await sql.check_limits.fetchrow(conn, max_sample=MAX_SAMPLE)
+    assert limits is not None
     assert counts is not None
     assert places is not None
     assert running is not None
@@ -101,6 +109,11 @@ async def check(
             "attempts_within_limit",
             "no queued or running job is past its last attempt (attempts <= max_retries)",
             attempts,
+        ),
+        _invariant(
+            "limits_held",
+            "no queue or concurrency key has more jobs running than its concurrency limit",
+            limits,
         ),
     ]
     return CheckReport(

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import AliasChoices, BeforeValidator, Field, SecretStr
+from pydantic import (
+    AliasChoices,
+    BeforeValidator,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +37,31 @@ def _names(value: Any) -> Any:
     """Read "a.b, c.d" as ("a.b", "c.d")."""
     if isinstance(value, str):
         return tuple(name.strip() for name in value.split(",") if name.strip())
+    return value
+
+
+def _queue_slots(value: Any) -> Any:
+    """Read "reminders:16,exports:2" as {"reminders": 16, "exports": 2}.
+    Raises: `ValueError` for an entry that is not `name:slots` with slots >= 1."""
+    if not isinstance(value, str):
+        return value
+    slots: dict[str, int] = {}
+    for entry in (e.strip() for e in value.split(",")):
+        if not entry:
+            continue
+        name, sep, count = entry.partition(":")
+        if not sep or not name.strip() or not count.strip().isdigit() or int(count) < 1:
+            raise ValueError(f"{entry!r} is not name:slots (slots a whole number >= 1)")
+        if name.strip() in slots:
+            raise ValueError(f"queue {name.strip()!r} is named twice")
+        slots[name.strip()] = int(count)
+    return slots
+
+
+def _ports(value: Any) -> Any:
+    """Read "80, 443" as {80, 443}."""
+    if isinstance(value, str):
+        return frozenset(int(port) for port in value.split(",") if port.strip())
     return value
 
 
@@ -60,8 +92,17 @@ class Settings(BaseSettings):
     database_url: Annotated[SecretStr | None, BeforeValidator(_unset_if_blank)] = Field(
         default=None, validation_alias=AliasChoices("database_url", "DATABASE_URL")
     )
-    """PostgreSQL DSN (a secret: it may hold a password). Unset: the embedded server in
+    """PostgreSQL DSN (a secret: it may hold a password) of the pooled connections: the server,
+    or a pooler such as PgBouncer in transaction mode. Unset: the embedded server in
     `pgdata_dir` is started and used."""
+    direct_database_url: Annotated[SecretStr | None, BeforeValidator(_unset_if_blank)] = Field(
+        default=None, validation_alias=_env("DIRECT_DATABASE_URL")
+    )
+    """DSN straight to the server for the connections that need a session of their own (each
+    worker's listener: LISTEN, its liveness lock and its claims; the migrations' lock). Set it
+    when `database_url` goes through a transaction-mode pooler; then pooled connections send no
+    startup parameter but the pooler's own and prepare no named statement. Unset: the
+    `database_url`."""
     pgdata_dir: Path = Field(default=PROJECT_ROOT / ".pgdata", validation_alias=_env("PGDATA_DIR"))
     http_host: str = Field(default="127.0.0.1", validation_alias=_env("HTTP_HOST"))
     http_port: int = Field(default=8000, ge=0, le=65535, validation_alias=_env("HTTP_PORT"))
@@ -77,6 +118,22 @@ class Settings(BaseSettings):
         default=16, ge=1, le=1024, validation_alias=_env("MAX_CONCURRENT_JOBS")
     )
     """Job slots of one worker process: it never holds more claimed jobs than this."""
+    queues: Annotated[dict[str, int], NoDecode, BeforeValidator(_queue_slots)] = Field(
+        default_factory=dict, validation_alias=_env("QUEUES")
+    )
+    """The queues a worker process serves, with its slots for each (`reminders:16,exports:2`
+    in the env). Empty: every declared queue, with its declared slots or
+    `max_concurrent_jobs`."""
+    reminder_host_max_running: int = Field(
+        default=4, ge=1, validation_alias=_env("REMINDER_HOST_MAX_RUNNING")
+    )
+    """At most this many reminder deliveries to one webhook host at once (all workers)."""
+    reminder_host_rate: int = Field(default=20, ge=1, validation_alias=_env("REMINDER_HOST_RATE"))
+    """At most this many reminder deliveries to one webhook host per
+    `reminder_host_rate_period`."""
+    reminder_host_rate_period: Seconds = Field(
+        default=timedelta(seconds=1), validation_alias=_env("REMINDER_HOST_RATE_PERIOD_S")
+    )
     max_threads: int = Field(default=4, ge=1, le=256, validation_alias=_env("MAX_THREADS"))
     """Threads for synchronous (plain `def`) handlers."""
     poll_interval: Seconds = Field(
@@ -124,11 +181,63 @@ class Settings(BaseSettings):
     )
     """Bearer token of the admin endpoints (`/jobs/dead`, `/workers`); at least 16
     characters. Unset: those endpoints answer 404."""
+    signup: Literal["open", "admin"] = Field(default="open", validation_alias=_env("SIGNUP"))
+    """Who may create users (`POST /users`): `open` (anyone) or `admin` (the admin token)."""
+    rate_limit_per_s: float = Field(default=10, ge=0, validation_alias=_env("RATE_LIMIT_PER_S"))
+    """Requests per second one API key may make on average (a token bucket per key, per
+    process); 0: no limit."""
+    rate_limit_burst: int = Field(default=50, ge=1, validation_alias=_env("RATE_LIMIT_BURST"))
+    """Requests one API key may make at once before `rate_limit_per_s` applies."""
+    max_reminders_per_user: int = Field(
+        default=1000, ge=1, validation_alias=_env("MAX_REMINDERS_PER_USER")
+    )
+    """How many unsent reminders a user may have."""
+    max_exports_per_user: int = Field(
+        default=100, ge=1, validation_alias=_env("MAX_EXPORTS_PER_USER")
+    )
+    """How many exports a user may have (they are kept)."""
+    max_keys_per_user: int = Field(default=10, ge=1, validation_alias=_env("MAX_KEYS_PER_USER"))
+    """How many unrevoked API keys a user may have."""
+    webhook_allow_private: bool = Field(
+        default=False, validation_alias=_env("WEBHOOK_ALLOW_PRIVATE")
+    )
+    """Local development: allow webhooks to any address and port (loopback and private ones
+    included). Off: see `jobq.domain.webhooks`."""
+    webhook_ports: Annotated[frozenset[int], NoDecode, BeforeValidator(_ports)] = Field(
+        default=frozenset({80, 443, 8080, 8443}), validation_alias=_env("WEBHOOK_PORTS")
+    )
+    """The ports a webhook may use (comma-separated in the env), unless
+    `webhook_allow_private`."""
     job_modules: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_names)] = Field(
         default=(), validation_alias=_env("JOB_MODULES")
     )
     """Modules to import for their handlers, besides `jobq.jobs` (comma-separated in the env)."""
     log_level: str = Field(default="INFO", validation_alias=_env("LOG_LEVEL"))
+    web_processes: int = Field(default=0, ge=0, le=256, validation_alias=_env("WEB_PROCESSES"))
+    """HTTP server processes that `python -m jobq run` starts; 0: one per CPU."""
+    worker_processes: int = Field(
+        default=0, ge=0, le=256, validation_alias=_env("WORKER_PROCESSES")
+    )
+    """Worker processes that `python -m jobq run` starts; 0: one per CPU."""
+    crash_loop_restarts: int = Field(default=5, ge=1, validation_alias=_env("CRASH_LOOP_RESTARTS"))
+    crash_loop_window: Seconds = Field(
+        default=timedelta(seconds=60), validation_alias=_env("CRASH_LOOP_WINDOW_S")
+    )
+    """`run`: a child restarted more than `crash_loop_restarts` times within this window is a
+    crash loop: the supervisor logs an ERROR, stops the others and exits 1."""
+
+    @field_validator("reminder_host_rate_period")
+    @classmethod
+    def _positive(cls, value: timedelta) -> timedelta:
+        if value <= timedelta(0):
+            raise ValueError("must be > 0 seconds")
+        return value
+
+    @model_validator(mode="after")
+    def _admin_signup(self) -> Self:
+        if self.signup == "admin" and self.admin_token is None:
+            raise ValueError("JOBQ_SIGNUP=admin needs JOBQ_ADMIN_TOKEN")
+        return self
 
     @property
     def heartbeat_grace(self) -> timedelta:

@@ -63,6 +63,13 @@ async def connect(
     return conn
 
 
+def session_dsn(settings: Settings, dsn: str) -> str:
+    """The DSN of connections that need a session of their own: `JOBQ_DIRECT_DATABASE_URL`
+    when set (the server itself, when `dsn` is a pooler), else `dsn`."""
+    direct = settings.direct_database_url
+    return dsn if direct is None else direct.get_secret_value()
+
+
 async def _keep_session(conn: Connection) -> None:
     """Return a connection to the pool without asyncpg's reset query (`RESET ALL`,
     `UNLISTEN *`, `pg_advisory_unlock_all()`, `CLOSE ALL`): one round trip less per use.
@@ -75,20 +82,39 @@ async def _keep_session(conn: Connection) -> None:
 
 
 class Database:
-    """An asyncpg pool and its DSN. Create with `Database.open(settings, dsn)`; close it last."""
+    """An asyncpg pool, its DSN, and the DSN of sessions of one's own (`direct_dsn`). Create with
+    `Database.open(settings, dsn)`; close it last."""
 
-    def __init__(self, pool: Pool, dsn: str) -> None:
+    def __init__(self, pool: Pool, dsn: str, direct_dsn: str | None = None) -> None:
         self.pool = pool
         self.dsn = dsn
+        self.direct_dsn = direct_dsn or dsn
+        """Where connections that need a session go (`connect()`): the worker's listener."""
         self.before_close: list[Callable[[], Awaitable[None]]] = []
         """Awaited by `close()` before the pool closes (e.g. sending pending notifications)."""
 
+    @property
+    def pooled(self) -> bool:
+        """True when the pool goes through a pooler (`direct_dsn` differs from `dsn`)."""
+        return self.direct_dsn != self.dsn
+
     @classmethod
     async def open(cls, settings: Settings, dsn: str) -> Database:
-        """Open a pool of `min_pool_size`..`max_pool_size` connections to `dsn`.
+        """Open a pool of `min_pool_size`..`max_pool_size` connections to `dsn`; `direct_dsn` is
+        `settings.direct_database_url`, or `dsn` when unset.
 
+        Behind a pooler (the two differ) the pool prepares no named statement (a later use of
+        it may land on another server connection: `statement_cache_size=0`, with which asyncpg
+        also sends each statement's Parse again with its Bind, before one Sync) and sends no
+        `application_name`: a server connection keeps it after its client has gone, and the
+        rescue reads it to tell whether a worker process lives (`queue.sql._ALIVE`), so only
+        direct sessions carry it.
         Raises: `OSError` or `asyncpg.PostgresError` when the server cannot be reached.
         """
+        direct_dsn = session_dsn(settings, dsn)
+        options: dict[str, Any] = {"server_settings": {"application_name": application_name()}}
+        if direct_dsn != dsn:
+            options = {"statement_cache_size": 0}
         pool = await asyncpg.create_pool(
             dsn,
             min_size=settings.min_pool_size,
@@ -96,9 +122,9 @@ class Database:
             command_timeout=settings.db_command_timeout.total_seconds(),
             init=_init_connection,
             reset=_keep_session,
-            server_settings={"application_name": application_name()},
+            **options,
         )
-        return cls(pool, dsn)
+        return cls(pool, dsn, direct_dsn)
 
     async def close(self) -> None:
         """Await the `before_close` callbacks, then close the pool, waiting for connections in

@@ -4,6 +4,9 @@ It is a real server (the binaries ship in the `pgserver` wheel) with its data in
 `Settings.pgdata_dir`, listening on a Unix socket inside that folder only. It is left running
 for the next start; `python -m jobq db-stop` (`make db-stop`) stops it. As root, pgserver runs
 the server as a system user of its own (`pgserver`), since PostgreSQL refuses to run as root.
+
+`programs()` is the one way to run the wheel's programs (initdb, pg_ctl, postgres) as the right
+user; the test and benchmark toolkit (`tests/toolkit/postgres.py`) starts its own servers with it.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
+import stat
 import subprocess
 import warnings
 from pathlib import Path
@@ -25,6 +30,46 @@ log = logging.getLogger(__name__)
 
 DATABASE_NAME = "jobq"
 
+SYSTEM_USER = "pgserver"
+"""The system user the server runs as when we are root (pgserver's own, created if needed)."""
+
+
+def _import_pgserver() -> None:
+    with warnings.catch_warnings():
+        # platformdirs warns that XDG_RUNTIME_DIR is unset and falls back to /tmp: harmless
+        warnings.simplefilter("ignore", UserWarning)
+        import pgserver  # noqa: F401 (imported here: only needed when there is no DATABASE_URL)
+
+
+def programs() -> tuple[Path, str | None]:
+    """Return the folder of the wheel's PostgreSQL programs and the user to run them as: None
+    (this process's user), or as root `SYSTEM_USER`, since PostgreSQL refuses to run as root.
+
+    As root this first does what `pgserver.get_server` does before it runs them: it creates the
+    user if needed and lets it reach the programs and their libraries (adding o+rx to the folders
+    above them, as pgserver does), so that a server started this way runs wherever the embedded
+    one does, even from a checkout in a folder only root may enter (mode 700, or /root).
+    Raises: `subprocess.CalledProcessError` when `useradd` fails.
+    """
+    _import_pgserver()
+    from pgserver._commands import POSTGRES_BIN_PATH
+
+    bin_path: Path = POSTGRES_BIN_PATH
+    if os.geteuid() != 0:
+        return bin_path, None
+    from pgserver.utils import (
+        ensure_folder_permissions,
+        ensure_prefix_permissions,
+        ensure_user_exists,
+    )
+
+    ensure_user_exists(SYSTEM_USER)
+    ensure_prefix_permissions(bin_path)
+    read = stat.S_IRGRP | stat.S_IROTH
+    ensure_folder_permissions(bin_path, read | stat.S_IXGRP | stat.S_IXOTH)
+    ensure_folder_permissions(bin_path.parent / "lib", read)
+    return bin_path, SYSTEM_USER
+
 
 def start(pgdata_dir: Path) -> str:
     """Start the embedded server in `pgdata_dir` unless it runs already; return its admin DSN.
@@ -32,10 +77,8 @@ def start(pgdata_dir: Path) -> str:
     The DSN names the `postgres` database; `with_database()` swaps in another.
     Raises: `subprocess.CalledProcessError` when initdb or pg_ctl fail (their log is in the folder).
     """
-    with warnings.catch_warnings():
-        # platformdirs warns that XDG_RUNTIME_DIR is unset and falls back to /tmp: harmless
-        warnings.simplefilter("ignore", UserWarning)
-        import pgserver  # imported here: it is only needed when there is no DATABASE_URL
+    _import_pgserver()
+    import pgserver
 
     pgdata_dir.parent.mkdir(parents=True, exist_ok=True)
     server = pgserver.get_server(pgdata_dir, cleanup_mode=None)  # type: ignore[attr-defined]
@@ -48,9 +91,8 @@ def stop(pgdata_dir: Path) -> bool:
     """Stop the embedded server in `pgdata_dir`. Return False when it was not running."""
     if not (pgdata_dir / "postmaster.pid").exists():
         return False
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # see start()
-        from pgserver._commands import pg_ctl  # type: ignore[attr-defined]
+    _import_pgserver()
+    from pgserver._commands import pg_ctl  # type: ignore[attr-defined]
 
     owner = pgdata_dir.owner()
     user = None if owner == _whoami() else owner

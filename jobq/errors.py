@@ -5,6 +5,7 @@ The mapping to HTTP lives in `jobq.app` (one place); `status` and `code` are wha
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 
@@ -18,6 +19,10 @@ class JobqError(Exception):
         self.message = message or (self.__doc__ or self.code).strip()
         self.data = data
         super().__init__(self.message)
+
+    def detail(self) -> Any:
+        """The `detail` of the JSON error: the message, with the data when there is some."""
+        return {"message": self.message, **self.data} if self.data else self.message
 
 
 class NotFound(JobqError):
@@ -45,3 +50,39 @@ class DontRetry(JobqError):
     """The job failed in a way that another attempt cannot fix; it goes to the dead letter."""
 
     code = "dont_retry"
+
+
+class Snooze(Exception):
+    """Raised (or returned) by a handler: run the job again `seconds` from now, charging no
+    attempt (its lease is released at once). Raises: `ValueError` for `seconds` < 0."""
+
+    def __init__(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError(f"snooze for {seconds} s: it must be >= 0")
+        super().__init__(f"snoozed for {seconds:g} s")
+        self.delay = timedelta(seconds=seconds)
+
+
+class LimitReached(JobqError):
+    """A per-user limit is reached."""
+
+    status = 409
+    code = "limit_reached"
+
+
+class TooManyRequests(JobqError):
+    """Too many requests with this API key; retry after `retry_after_s` seconds."""
+
+    status = 429
+    code = "too_many_requests"
+
+
+class UnsafeWebhook(JobqError):
+    """The webhook URL may not be used."""
+
+    status = 422
+    code = "validation_error"
+
+    def detail(self) -> Any:
+        """A field-level error of `webhook_url`, like the other 422s."""
+        return [{"type": "unsafe_webhook", "loc": ["webhook_url"], "msg": self.message}]

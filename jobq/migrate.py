@@ -8,7 +8,7 @@ from pathlib import Path
 
 from jobq import embedded
 from jobq.config import PROJECT_ROOT, Settings
-from jobq.db import Connection, connect
+from jobq.db import Connection, connect, session_dsn
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +38,10 @@ def migration_files(sql_dir: Path = SQL_DIR) -> list[tuple[int, Path]]:
 
 async def prepare(settings: Settings) -> str:
     """Resolve the DSN (starting the embedded server when `DATABASE_URL` is unset), apply the
-    migrations, and return the DSN. Raises: `OSError` / `asyncpg.PostgresError`."""
+    migrations (over `JOBQ_DIRECT_DATABASE_URL` when set: the lock needs a session of its own),
+    and return the DSN. Raises: `OSError` / `asyncpg.PostgresError`."""
     dsn = await embedded.resolve_dsn(settings)
-    conn = await connect(dsn)
+    conn = await connect(session_dsn(settings, dsn))
     try:
         await migrate(conn)
     finally:

@@ -2,15 +2,19 @@
 
 The server is `TEST_DATABASE_URL` (any database on it; a new one is created beside it) when set,
 else the embedded server in `.pgdata/`. Settings never read the developer's `.env`.
+
+With `TEST_PGBOUNCER=1` the pools of the tests (`database`, `settings`, `make_settings`) go
+through a PgBouncer in transaction mode that the session starts (`tests/pgbouncer.py`), and their
+sessions (listeners, `conn`) straight to the server, as `JOBQ_DIRECT_DATABASE_URL` does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -22,11 +26,16 @@ from jobq import db, embedded
 from jobq.app import create_app
 from jobq.config import PROJECT_ROOT, Settings
 from jobq.db import Connection, Database
-from jobq.migrate import migrate
 from jobq.queue import Registry, Worker
-from tests.webhook_receiver import Receiver
+from tests import pgbouncer
+from tests.keyed_client import use_keyed_client
+from tests.toolkit.database import fresh_database
+from tests.toolkit.procs import Procs
+from tests.toolkit.receiver import WebhookReceiver
 
-TABLES = "job, job_running, job_dead, worker, users, reminders, exports"
+TABLES = (
+    "job, job_running, job_dead, worker, users, reminders, exports, api_keys, job_queue, job_rate"
+)
 
 
 @pytest.fixture(scope="session")
@@ -41,30 +50,50 @@ def admin_dsn() -> str:
 @pytest.fixture(scope="session")
 async def database_url(admin_dsn: str) -> AsyncIterator[str]:
     """A fresh, migrated database for this test session, dropped at the end."""
-    name = f"jobq_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    async with fresh_database(admin_dsn, "jobq_test") as dsn:
+        yield dsn
+
+
+DIRECT_OF: dict[str, str] = {}
+"""The direct DSN of each DSN through a test PgBouncer (filled by `pgbouncer_url`)."""
+
+
+@pytest.fixture(scope="session")
+async def pgbouncer_url(admin_dsn: str, database_url: str) -> AsyncIterator[str]:
+    """The session's test database through a PgBouncer in transaction mode, started here on a
+    free port; skipped, with the reason, where the `pgbouncer` program is not installed."""
+    program = pgbouncer.binary()
+    if program is None:
+        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer; .ci/run does)")
     admin = await asyncpg.connect(admin_dsn)
     try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
+        port = int(await admin.fetchval("SHOW port"))
     finally:
         await admin.close()
-    dsn = embedded.with_database(admin_dsn, name)
-    conn = await db.connect(dsn)
-    try:
-        await migrate(conn)
-    finally:
-        await conn.close()
-    yield dsn
-    admin = await asyncpg.connect(admin_dsn)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
+    bouncer = pgbouncer.PgBouncer(admin_dsn, port)
+    await asyncio.to_thread(bouncer.start, program)
+    url = bouncer.pooled(database_url)
+    DIRECT_OF[url] = database_url
+    yield url
+    bouncer.stop()
+
+
+@pytest.fixture(scope="session")
+def pool_url(request: pytest.FixtureRequest, database_url: str) -> str:
+    """The DSN of the tests' pools: the test database, or with `TEST_PGBOUNCER=1` the same
+    through PgBouncer."""
+    if os.environ.get("TEST_PGBOUNCER") == "1":
+        url: str = request.getfixturevalue("pgbouncer_url")
+        return url
+    return database_url
 
 
 def make_settings(database_url: str, **overrides: Any) -> Settings:
-    """Settings for tests: the test database, no in-process worker, fast timers."""
+    """Settings for tests: the test database, no in-process worker, fast timers. A DSN through
+    the test PgBouncer gets its direct DSN as `direct_database_url`."""
     values: dict[str, Any] = {
         "database_url": database_url,
+        "direct_database_url": DIRECT_OF.get(database_url),
         "run_workers": False,
         "max_pool_size": 20,
         "poll_interval": timedelta(seconds=0.5),
@@ -75,19 +104,21 @@ def make_settings(database_url: str, **overrides: Any) -> Settings:
         "backoff_base": timedelta(seconds=1),
         "webhook_secret": "test-secret",
         "webhook_timeout": timedelta(seconds=2),
+        "webhook_allow_private": True,  # the test receivers listen on 127.0.0.1
+        "rate_limit_per_s": 0,  # tests of the rate limit set their own
     }
     values.update(overrides)
     return Settings(_env_file=None, **values)
 
 
 @pytest.fixture
-def settings(database_url: str) -> Settings:
-    return make_settings(database_url)
+def settings(pool_url: str) -> Settings:
+    return make_settings(pool_url)
 
 
 @pytest.fixture(scope="session")
-async def session_database(database_url: str) -> AsyncIterator[Database]:
-    database = await Database.open(make_settings(database_url), database_url)
+async def session_database(pool_url: str) -> AsyncIterator[Database]:
+    database = await Database.open(make_settings(pool_url), pool_url)
     yield database
     await database.close()
 
@@ -97,14 +128,16 @@ async def database(session_database: Database) -> Database:
     """The session's pool, bound in this test's context, over emptied tables."""
     async with session_database.pool.acquire() as conn:
         await conn.execute(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE")
+        # the queues a test declared or paused are not the next one's
+        await conn.execute("INSERT INTO job_queue (name) VALUES ('default')")  # as migrated
     db.bind(session_database)
     return session_database
 
 
 @pytest.fixture
 async def conn(database: Database) -> AsyncIterator[Connection]:
-    """A connection of its own (autocommit) for checks and set-up."""
-    c = await db.connect(database.dsn)
+    """A connection of its own (autocommit, straight to the server) for checks and set-up."""
+    c = await db.connect(database.direct_dsn)
     yield c
     await c.close()
 
@@ -136,20 +169,19 @@ async def make_worker(
 
 
 @pytest.fixture
-async def receiver() -> AsyncIterator[Receiver]:
-    """A started webhook receiver on 127.0.0.1 (see `tests.webhook_receiver`)."""
-    rec = Receiver()
-    server = await asyncio.start_server(rec.handle, "127.0.0.1", 0)
-    rec.port = server.sockets[0].getsockname()[1]
+async def receiver() -> AsyncIterator[WebhookReceiver]:
+    """A started webhook receiver on 127.0.0.1 (see `tests.toolkit.receiver`)."""
+    rec = WebhookReceiver()
+    await rec.start()
     yield rec
-    server.close()
-    await server.wait_closed()
+    await rec.close()
 
 
 @pytest.fixture
 async def app(database: Database, settings: Settings) -> AsyncIterator[TestAppProtocol]:
     """The app, started (pool, HTTP client; no in-process worker unless asked) and stopped."""
     quart_app: Quart = create_app(settings)
+    use_keyed_client(quart_app)  # acts as the users it creates
     async with quart_app.test_app() as test_app:
         yield test_app
     db.bind(database)
@@ -158,3 +190,12 @@ async def app(database: Database, settings: Settings) -> AsyncIterator[TestAppPr
 @pytest.fixture
 def client(app: TestAppProtocol) -> TestClientProtocol:
     return app.test_client()
+
+
+@pytest.fixture
+def procs(database_url: str, tmp_path: Path) -> Iterator[Procs]:
+    """Starts `python -m jobq` subprocesses on the session's database; kills the survivors at
+    the end and prints their output."""
+    manager = Procs(database_url, tmp_path)
+    yield manager
+    manager.close()

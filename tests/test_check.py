@@ -7,9 +7,6 @@ and failing on rows inserted by hand to break it; the command exits 1 then, 0 ot
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import sys
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -19,10 +16,10 @@ from pydantic import BaseModel
 
 from jobq import clock
 from jobq.check import CheckReport, check
-from jobq.config import PROJECT_ROOT
 from jobq.db import Connection
 from jobq.errors import DontRetry
 from jobq.queue import Job, JobContext, Registry, Worker, enqueue
+from tests.toolkit.procs import jobq_check
 
 MakeWorker = Callable[..., Awaitable[Worker]]
 GRACE = timedelta(seconds=0.5)
@@ -105,6 +102,7 @@ async def test_an_empty_queue_is_ok(conn: Connection) -> None:
         ("one_place", True, 0),
         ("running_held", True, 0),
         ("attempts_within_limit", True, 0),
+        ("limits_held", True, 0),
     ]
     assert report.counts.model_dump() == {
         "queued_ripe": 0,
@@ -267,29 +265,32 @@ async def test_a_queued_job_past_its_last_attempt_fails(conn: Connection) -> Non
     assert broken(await run_check(conn)) == {"attempts_within_limit": [2]}
 
 
+# -- limits_held --------------------------------------------------------------------------------
+
+
+async def test_more_running_than_a_concurrency_limit_fails(conn: Connection) -> None:
+    await conn.execute(
+        "INSERT INTO job_queue (name, max_running, max_running_per_key) VALUES ('lim', 3, 1)"
+    )
+    live = 7  # dead just now: its jobs' rescue is not overdue, so running_held holds
+    await insert_dead_worker(conn, live, heartbeat_at=clock.now())
+    lease = clock.now() + timedelta(minutes=5)
+    for job_id, key in [(1, "a"), (2, "b"), (3, None)]:
+        await insert_running(conn, job_id, worker_id=live, lease_expires_at=lease)
+        await conn.execute(
+            "UPDATE job_running SET queue = 'lim', concurrency_key = $2 WHERE id = $1", job_id, key
+        )
+    assert (await run_check(conn)).ok  # 3 running (the limit), one per key
+    await insert_running(conn, 4, worker_id=live, lease_expires_at=lease)
+    await conn.execute("UPDATE job_running SET queue = 'lim', concurrency_key = 'a' WHERE id = 4")
+    # key a has 2 (limit 1), and the queue 4 (limit 3): every running job of it is over
+    assert broken(await run_check(conn)) == {"limits_held": [1, 2, 3, 4]}
+
+
 # -- python -m jobq check ---------------------------------------------------------------------
 
-
-async def jobq_check(database_url: str, *args: str) -> tuple[int, dict[str, Any]]:
-    """Run `python -m jobq check` on the test database; return its exit code and JSON."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBQ_")}
-    env.update(PYTHONPATH=str(PROJECT_ROOT), DATABASE_URL=database_url)
-    env.update(JOBQ_HEARTBEAT_INTERVAL_S="0.1")  # a short grace (see GRACE)
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "jobq",
-        "check",
-        *args,
-        cwd=PROJECT_ROOT,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), timeout=60)
-    assert process.returncode is not None, err
-    report: dict[str, Any] = json.loads(out)
-    return process.returncode, report
+HEARTBEAT_S = 0.1
+"""The heartbeat interval the command is given: a short grace (see GRACE)."""
 
 
 @pytest.mark.slow
@@ -297,7 +298,7 @@ async def test_the_command_exits_0_when_the_invariants_hold_and_1_when_one_fails
     conn: Connection, database_url: str
 ) -> None:
     await insert_job(conn, 1)
-    code, report = await jobq_check(database_url)
+    code, report = await jobq_check(database_url, heartbeat_interval_s=HEARTBEAT_S)
     assert code == 0
     assert report["ok"] is True
     assert report["counts"]["queued_ripe"] == 1
@@ -305,10 +306,11 @@ async def test_the_command_exits_0_when_the_invariants_hold_and_1_when_one_fails
         "one_place": True,
         "running_held": True,
         "attempts_within_limit": True,
+        "limits_held": True,
     }
 
     await insert_dead(conn, 1)
-    code, report = await jobq_check(database_url)
+    code, report = await jobq_check(database_url, heartbeat_interval_s=HEARTBEAT_S)
     assert code == 1
     assert report["ok"] is False
     (failed,) = [i for i in report["invariants"] if not i["ok"]]
@@ -320,7 +322,11 @@ async def test_the_command_takes_the_rescue_grace(conn: Connection, database_url
     now = clock.now()
     await insert_dead_worker(conn, 5, heartbeat_at=now - timedelta(seconds=30))
     await insert_running(conn, 1, worker_id=5, lease_expires_at=now + timedelta(minutes=5))
-    assert (await jobq_check(database_url))[0] == 0  # default grace: 60 s
-    code, report = await jobq_check(database_url, "--rescue-grace-s", "10")
+    assert (await jobq_check(database_url, heartbeat_interval_s=HEARTBEAT_S))[
+        0
+    ] == 0  # default grace: 60 s
+    code, report = await jobq_check(
+        database_url, "--rescue-grace-s", "10", heartbeat_interval_s=HEARTBEAT_S
+    )
     assert code == 1
     assert [i["name"] for i in report["invariants"] if not i["ok"]] == ["running_held"]

@@ -7,51 +7,39 @@
 - `serve` (what `make run` does) delivers a reminder to a real webhook receiver, signed and on
   time, and stops with exit code 0.
 
-The subprocesses get every setting in their environment (`DATABASE_URL` of the session's test
-database, fast timers), never from a `.env`. Their output goes to a file that is printed at
-teardown (shown when a test fails). Waits poll the database with a deadline.
+The subprocesses (`tests.toolkit.procs.Procs`) get every setting in their environment
+(`DATABASE_URL` of the session's test database, fast timers), never from a `.env`; their jobs are
+the toolkit's recording handler's (`tests.toolkit.handlers`). Their output goes to a file that is
+printed at teardown (shown when a test fails). Waits poll the database with a deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import asyncpg
 import httpx
 import pytest
 
-from jobq.config import PROJECT_ROOT
 from jobq.db import Connection, Database
 from jobq.queue import Enqueued, Job, enqueue
-from tests.procs import START_S, Proc, check_running, eventually, registered
-from tests.webhook_receiver import Receiver, assert_reminder_delivery
+from tests.toolkit.handlers import EXECUTION_TABLE, JOB_TYPE
+from tests.toolkit.procs import (
+    WEBHOOK_SECRET,
+    Proc,
+    Procs,
+    check_running,
+    eventually,
+    in_log,
+    registered,
+)
+from tests.toolkit.receiver import WebhookReceiver, assert_reminder_delivery
 
 pytestmark = pytest.mark.slow
-
-T = TypeVar("T")
-
-EXECUTION_TABLE = """
-CREATE TABLE IF NOT EXISTS test_execution (
-    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    job_id      bigint      NOT NULL,
-    attempt     integer     NOT NULL,
-    worker_id   integer     NOT NULL,
-    pid         integer     NOT NULL,
-    started_at  timestamptz NOT NULL,
-    finished_at timestamptz
-)
-"""
-"""One row per execution of a `proc_sleep` job (see `tests/proc_handlers.py`)."""
 
 WORKER_ENV = {
     "JOBQ_POLL_INTERVAL_S": "0.5",
@@ -60,91 +48,25 @@ WORKER_ENV = {
     "JOBQ_LEASE_S": "10",
     "JOBQ_DRAIN_TIMEOUT_S": "5",
     "JOBQ_LOG_LEVEL": "INFO",
-    "JOBQ_JOB_MODULES": "tests.proc_handlers",
+    "JOBQ_JOB_MODULES": "tests.toolkit.handlers",
 }
-
-WEBHOOK_SECRET = "proc-test-webhook-secret"  # noqa: S105 (a test value)
-
-
-# -- subprocesses -----------------------------------------------------------------------------
-
-
-Spawn = Callable[..., Proc]
-
-
-def subprocess_env(database_url: str, overrides: dict[str, str]) -> dict[str, str]:
-    """The environment of a subprocess: ours without any jobq setting, then the test's."""
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if not name.startswith("JOBQ_") and name not in {"DATABASE_URL", "TEST_DATABASE_URL"}
-    }
-    env.update(
-        PYTHONPATH=str(PROJECT_ROOT),
-        PYTHONUNBUFFERED="1",
-        DATABASE_URL=database_url,
-        JOBQ_WEBHOOK_SECRET=WEBHOOK_SECRET,
-    )
-    env.update(overrides)
-    return env
-
-
-@pytest.fixture
-def spawn(database_url: str, tmp_path: Path) -> Iterator[Spawn]:
-    """Start `python -m jobq <command>` subprocesses (cwd: the project root); SIGKILL the
-    ones still running at teardown, and print every one's output."""
-    started: list[Proc] = []
-
-    def start(command: str, name: str, **env: str) -> Proc:
-        log_path = tmp_path / f"{name}.log"
-        with log_path.open("wb") as out:
-            popen = subprocess.Popen(  # noqa: S603 (our own interpreter and arguments)
-                [sys.executable, "-m", "jobq", command],
-                cwd=PROJECT_ROOT,
-                env=subprocess_env(database_url, env),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # a Ctrl-C in the terminal is not for them
-            )
-        proc = Proc(name, popen, log_path)
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        if proc.popen.poll() is None:
-            proc.popen.kill()
-        proc.popen.wait(timeout=10)
-        print(f"----- {proc.name} (pid {proc.pid}, exit {proc.popen.returncode}) -----")
-        print(proc.log())
-
-
-async def in_log(proc: Proc, text: str, *, within: float) -> None:
-    """Wait until `text` appears in the output of `proc`."""
-
-    async def seen() -> bool:
-        return text in proc.log()
-
-    await eventually(seen, within=within, what=f"{text!r} in the output of {proc.name}")
-
 
 # -- the database -----------------------------------------------------------------------------
 
 
 @pytest.fixture
 async def executions(database: Database, conn: Connection) -> Connection:
-    """`conn`, with an empty `test_execution` table."""
+    """`conn`, with an empty `execution` table."""
     await conn.execute(EXECUTION_TABLE)
-    await conn.execute("TRUNCATE test_execution RESTART IDENTITY")
+    await conn.execute("TRUNCATE execution RESTART IDENTITY")
     return conn
 
 
-async def enqueue_sleep(seconds: float, tag: str = "") -> Enqueued:
-    """Enqueue a `proc_sleep` job from the test process (committed on return)."""
-    result = await enqueue(
-        Job(job_type="proc_sleep", arguments={"seconds": seconds, "tag": tag}, max_retries=3)
-    )
+async def enqueue_sleep(seconds: float, n: int = 0) -> Enqueued:
+    """Enqueue a `recorded` job from the test process (committed on return) that sleeps
+    `seconds` on its first execution only."""
+    arguments = {"n": n, "sleep_s": seconds, "resleep_s": 0}
+    result = await enqueue(Job(job_type=JOB_TYPE, arguments=arguments, max_retries=3))
     assert not result.duplicate
     return result
 
@@ -161,18 +83,18 @@ async def places(conn: Connection, job_id: int) -> int:
 
 
 async def execution_rows(conn: Connection, job_id: int) -> list[asyncpg.Record]:
-    return await conn.fetch("SELECT * FROM test_execution WHERE job_id = $1 ORDER BY id", job_id)
+    return await conn.fetch("SELECT * FROM execution WHERE job_id = $1 ORDER BY id", job_id)
 
 
 async def started_in(conn: Connection, job_id: int, proc: Proc) -> asyncpg.Record | None:
     return await conn.fetchrow(
-        "SELECT * FROM test_execution WHERE job_id = $1 AND pid = $2", job_id, proc.pid
+        "SELECT * FROM execution WHERE job_id = $1 AND pid = $2", job_id, proc.pid
     )
 
 
 async def finished(conn: Connection, job_id: int, proc: Proc) -> asyncpg.Record | None:
     return await conn.fetchrow(
-        "SELECT * FROM test_execution WHERE job_id = $1 AND pid = $2 AND finished_at IS NOT NULL",
+        "SELECT * FROM execution WHERE job_id = $1 AND pid = $2 AND finished_at IS NOT NULL",
         job_id,
         proc.pid,
     )
@@ -182,10 +104,10 @@ async def finished(conn: Connection, job_id: int, proc: Proc) -> asyncpg.Record 
 
 
 async def test_kill_9_loses_no_job_and_another_worker_reruns_it_within_seconds(
-    spawn: Spawn, executions: Connection
+    procs: Procs, executions: Connection
 ) -> None:
     conn = executions
-    a = spawn("worker", "worker-a", **WORKER_ENV)
+    a = procs.start("worker", "worker-a", WORKER_ENV)
     a_id = await registered(conn, a)
     job = await enqueue_sleep(30)
     first = await eventually(
@@ -193,7 +115,7 @@ async def test_kill_9_loses_no_job_and_another_worker_reruns_it_within_seconds(
     )
     assert (first["attempt"], first["worker_id"]) == (1, a_id)
 
-    b = spawn("worker", "worker-b", **WORKER_ENV)
+    b = procs.start("worker", "worker-b", WORKER_ENV)
     b_id = await registered(conn, b)
     # Guarantee 3: while A lives, B's rescue rounds (every 0.2 s) leave A's job alone.
     await asyncio.sleep(1.0)
@@ -230,10 +152,10 @@ async def test_kill_9_loses_no_job_and_another_worker_reruns_it_within_seconds(
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
 async def test_stop_signal_drains_the_running_job_and_exits_0(
-    spawn: Spawn, executions: Connection, stop_signal: signal.Signals
+    procs: Procs, executions: Connection, stop_signal: signal.Signals
 ) -> None:
     conn = executions
-    worker = spawn("worker", "worker", **{**WORKER_ENV, "JOBQ_DRAIN_TIMEOUT_S": "10"})
+    worker = procs.start("worker", "worker", {**WORKER_ENV, "JOBQ_DRAIN_TIMEOUT_S": "10"})
     worker_id = await registered(conn, worker)
     job = await enqueue_sleep(1)
     await eventually(
@@ -246,7 +168,7 @@ async def test_stop_signal_drains_the_running_job_and_exits_0(
     worker.popen.send_signal(stop_signal)
     await in_log(worker, "draining", within=5)  # the stop has begun
     # Claiming has stopped: a job enqueued during the drain stays queued.
-    late = await enqueue_sleep(0, tag="late")
+    late = await enqueue_sleep(0, n=1)
     assert await worker.exit_code(within=10) == 0
 
     (execution,) = await execution_rows(conn, job.id)
@@ -258,10 +180,10 @@ async def test_stop_signal_drains_the_running_job_and_exits_0(
 
 
 async def test_stop_past_the_drain_timeout_requeues_the_job_uncharged(
-    spawn: Spawn, executions: Connection
+    procs: Procs, executions: Connection
 ) -> None:
     conn = executions
-    a = spawn("worker", "worker-a", **{**WORKER_ENV, "JOBQ_DRAIN_TIMEOUT_S": "1"})
+    a = procs.start("worker", "worker-a", {**WORKER_ENV, "JOBQ_DRAIN_TIMEOUT_S": "1"})
     a_id = await registered(conn, a)
     job = await enqueue_sleep(30)
     await eventually(
@@ -281,7 +203,7 @@ async def test_stop_past_the_drain_timeout_requeues_the_job_uncharged(
     assert execution["finished_at"] is None  # cancelled, not finished
     assert await conn.fetchval("SELECT count(*) FROM worker WHERE id = $1", a_id) == 0
 
-    b = spawn("worker", "worker-b", **WORKER_ENV)
+    b = procs.start("worker", "worker-b", WORKER_ENV)
     await registered(conn, b)
     await eventually(
         lambda: finished(conn, job.id, b), within=5, what="B to run the job", running=(b,)
@@ -299,35 +221,18 @@ async def test_stop_past_the_drain_timeout_requeues_the_job_uncharged(
 # -- the server -------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 async def test_serve_delivers_a_reminder_to_a_webhook_on_time_and_stops_on_sigterm(
-    spawn: Spawn, database: Database, receiver: Receiver
+    procs: Procs, database: Database, receiver: WebhookReceiver
 ) -> None:
-    port = free_port()
-    server = spawn(
-        "serve",
+    server, port = await procs.serve(
         "server",
-        JOBQ_HTTP_HOST="127.0.0.1",
-        JOBQ_HTTP_PORT=str(port),
-        JOBQ_RUN_WORKERS="true",
-        JOBQ_LOG_LEVEL="INFO",
+        {
+            "JOBQ_RUN_WORKERS": "true",
+            "JOBQ_LOG_LEVEL": "INFO",
+            "JOBQ_WEBHOOK_ALLOW_PRIVATE": "true",  # the receiver listens on 127.0.0.1
+        },
     )
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
-
-        async def healthy() -> bool:
-            try:
-                return (await http.get("/health")).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        await eventually(healthy, within=START_S, what="the server to answer", running=(server,))
-
         response = await http.post(
             "/users",
             json={
@@ -338,9 +243,11 @@ async def test_serve_delivers_a_reminder_to_a_webhook_on_time_and_stops_on_sigte
         )
         assert response.status_code == 201, response.text
         user: dict[str, Any] = response.json()
+        auth = {"Authorization": f"Bearer {user['api_key']}"}
         response = await http.post(
             f"/users/{user['id']}/reminders",
             json={"message": "stand up", "remind_in_seconds": 2},
+            headers=auth,
         )
         assert response.status_code == 201, response.text
         reminder: dict[str, Any] = response.json()
@@ -360,7 +267,7 @@ async def test_serve_delivers_a_reminder_to_a_webhook_on_time_and_stops_on_sigte
         assert 0 <= lateness_s < 2.5
 
         async def sent() -> bool:
-            answer = (await http.get(f"/reminders/{reminder['id']}")).json()
+            answer = (await http.get(f"/reminders/{reminder['id']}", headers=auth)).json()
             return bool(answer["status"] == "sent")
 
         await eventually(sent, within=5, what="the reminder to be marked sent", running=(server,))

@@ -22,6 +22,7 @@ from werkzeug.datastructures import WWWAuthenticate
 from werkzeug.exceptions import NotFound, Unauthorized
 
 from jobq import clock, db
+from jobq.api.audit import audit
 from jobq.config import Settings
 from jobq.db import read_transaction, write_transaction
 from jobq.domain.types import BIGINT_MAX
@@ -167,7 +168,7 @@ async def retry_dead_job(job_id: int) -> QueuedJob:
     409 (with `queued_job_id`) when an identical job is queued: the dead job stays.
     """
     row = await dead.retry(db.conn(), job_id, now=clock.now())
-    log.info("dead job %s (%s) retried by an admin", job_id, row["job_type"])
+    audit("dead_job.retry", f"job:{job_id} ({row['job_type']})")
     return QueuedJob.model_validate(row)
 
 
@@ -177,7 +178,7 @@ async def retry_dead_job(job_id: int) -> QueuedJob:
 async def discard_dead_job(job_id: int) -> tuple[str, int]:
     """Delete a dead job for good."""
     await dead.discard(db.conn(), job_id)
-    log.info("dead job %s discarded by an admin", job_id)
+    audit("dead_job.discard", f"job:{job_id}")
     return "", 204
 
 

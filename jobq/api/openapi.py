@@ -1,53 +1,82 @@
-"""The OpenAPI document's error responses: every operation documents the errors it can answer.
+"""The OpenAPI document, exact: every status each operation can answer, with its schema.
 
-quart-schema documents each view's success model; `Provider` adds, from the shape of each
-route, the JSON errors of `jobq.app`'s mapping (body: `Error`):
+quart-schema documents each view's success model; `Provider` makes the rest exact:
 
-- 503 `database_unavailable` everywhere;
-- 404 `not_found` on a route with an id in its path (unknown, or beyond bigint), and on the
-  admin routes (no token configured);
-- 401 `unauthorized` (with `WWW-Authenticate`) on routes with a security scheme;
-- 413 `request_entity_too_large` everywhere (a body over the limit, whatever the method);
-- 415 `unsupported_media_type` on POST, PUT and PATCH;
-- 400 `bad_request` where a JSON body is read (malformed, not UTF-8, nested too deeply);
-- 422 `validation_error` where a body or a query string is validated;
-
-and, from `ENDPOINT_RESPONSES`, what only a view knows: its 409s, and answers that are not JSON
-(204 with no content, iCalendar files).
+- operation ids are the view functions' names (`get_user`), unique;
+- every model is a named component (`User`, `Reminder`, `ReminderStatus`, ...), referenced
+  wherever it is used, never written inline;
+- from the shape of each route, the JSON errors of `jobq.app`'s mapping (body: `Error`):
+  500 `internal_error` and 503 `database_unavailable` everywhere; 405 `method_not_allowed`
+  everywhere (another method on the same path; `Allow` lists the path's methods); 413
+  `request_entity_too_large` everywhere; 404 `not_found` on a route with an id in its path,
+  and on secured routes; 401 `unauthorized` (with `WWW-Authenticate`) on secured routes; 429
+  `too_many_requests` (with `Retry-After`) on the routes of a user's API key; 415
+  `unsupported_media_type` on POST, PUT and PATCH; 400 `bad_request` where a JSON body is
+  read; 422 `validation_error` where a body or a query string is validated;
+- from `ENDPOINT_RESPONSES`, what only a view knows: its 409s, 204s with no content,
+  iCalendar files, the `Location` header of a 202.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 from quart_schema import OpenAPIProvider
+from quart_schema.validation import DataSource
 from werkzeug.routing import Rule
+
+from jobq.api import admin, auth
+from jobq.config import Settings
 
 BODY_METHODS = {"post", "put", "patch"}
 
-Extra = Literal["conflict", "no_content", "calendar"]
+Extra = Literal["conflict", "no_content", "calendar", "location", "accept", "signup"]
 
 ENDPOINT_RESPONSES: dict[str, dict[int, Extra]] = {
-    "users.create_user": {409: "conflict"},
+    "users.create_user": {409: "conflict", 401: "signup"},
+    "users.create_key": {409: "conflict"},
+    "users.revoke_key": {204: "no_content"},
+    "users.create_reminder": {409: "conflict"},
+    "users.request_export": {202: "location", 409: "conflict"},
     "reminders.delete_reminder": {204: "no_content", 409: "conflict"},
-    "exports.get_export": {200: "calendar", 409: "conflict"},
+    "exports.get_export": {200: "accept", 409: "conflict"},
     "exports.download_export": {200: "calendar", 409: "conflict"},
     "admin.retry_dead_job": {409: "conflict"},
     "admin.discard_dead_job": {204: "no_content"},
+    "queues.pause_queue": {204: "no_content"},
+    "queues.resume_queue": {204: "no_content"},
 }
-"""Per endpoint, the responses its route's shape does not tell: 409s, 204s, iCalendar files."""
+"""Per endpoint, the responses its route's shape does not tell."""
 
 ERRORS = {
     400: "`bad_request`: the body is not JSON, not UTF-8, or nested too deeply.",
     401: "`unauthorized`: the `Authorization: Bearer` token is missing or wrong.",
-    404: "`not_found`: no such resource (or, on admin routes, no admin token configured).",
-    409: "`conflict`: the request conflicts with the resource's current state.",
+    404: "`not_found`: no such resource, or not the caller's (on admin routes: no admin "
+    "token configured).",
+    405: "`method_not_allowed`: the path exists, not with this method (`Allow` lists them).",
+    409: "`conflict` (the request conflicts with the resource's current state) or "
+    "`limit_reached` (a per-user limit; `detail.limit` gives it).",
     413: "`request_entity_too_large`: the body is larger than `JOBQ_MAX_BODY_BYTES`.",
     415: "`unsupported_media_type`: a body that is not `application/json`.",
     422: "`validation_error`: `detail` lists the field-level errors.",
+    429: "`too_many_requests`: this API key's rate limit; retry after `Retry-After` seconds.",
+    500: "`internal_error`: an unexpected error (logged).",
     503: "`database_unavailable`: the database is not answering; try again shortly.",
+}
+
+HEADERS = {
+    401: {"WWW-Authenticate": {"required": True, "schema": {"type": "string"}}},
+    405: {"Allow": {"required": True, "schema": {"type": "string"}}},
+    429: {
+        "Retry-After": {
+            "required": True,
+            "description": "seconds",
+            "schema": {"type": "integer", "minimum": 1},
+        }
+    },
 }
 
 
@@ -70,39 +99,76 @@ def error_response(status: int) -> dict[str, Any]:
         "description": ERRORS[status],
         "content": {"application/json": {"schema": ERROR_REF}},
     }
-    if status == 401:
-        response["headers"] = {
-            "WWW-Authenticate": {"required": True, "schema": {"type": "string"}},
-        }
+    if status in HEADERS:
+        response["headers"] = copy.deepcopy(HEADERS[status])
     return response
 
 
+def _named(schema: dict[str, Any], components: dict[str, Any]) -> dict[str, Any]:
+    """Move a model's inline schema to `components` under its title; return a reference."""
+    title = schema.get("title")
+    if not isinstance(title, str) or "properties" not in schema:
+        return schema
+    components[title] = schema
+    return {"$ref": f"#/components/schemas/{title}"}
+
+
+def _secured_by(operation: dict[str, Any]) -> set[str]:
+    return {name for requirement in operation.get("security", []) for name in requirement}
+
+
 class Provider(OpenAPIProvider):
-    """quart-schema's provider, plus every operation's error responses (see the module)."""
+    """quart-schema's provider, made exact (see the module)."""
+
+    def operation_id(self, method: str, path: str, func: Callable[..., Any]) -> str | None:
+        """The view function's name: `get_user`, `create_reminder` (unique: a test checks)."""
+        return func.__name__
+
+    def build_request_body(
+        self, model: type[Any], source: DataSource
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        body, components = super().build_request_body(model, source)
+        body["required"] = True
+        for media in body["content"].values():
+            media["schema"] = _named(media["schema"], components)
+        return body, components
+
+    def build_response_object(
+        self, model: type[Any], headers_model: type[Any] | None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        response, components = super().build_response_object(model, headers_model)
+        for media in response["content"].values():
+            media["schema"] = _named(media["schema"], components)
+        return response, components
 
     def build_paths(self, rule: Rule) -> tuple[dict[str, Any], dict[str, Any]]:
         paths, components = super().build_paths(rule)
+        settings: Settings = self._app.extensions["jobq.settings"]
         extras = ENDPOINT_RESPONSES.get(rule.endpoint or "", {})
         for path_item in paths.values():
-            for method, operation in path_item.items():
+            for method, shared in path_item.items():
                 # quart-schema shares one responses dict between the methods of a rule
-                responses = copy.deepcopy(operation["responses"])
+                operation = copy.deepcopy(shared)
+                path_item[method] = operation
+                for status, extra in extras.items():
+                    self._add_extra(operation, status, extra, settings)
+                responses = operation["responses"]
                 for status in self._statuses(rule, method, operation):
                     responses.setdefault(status, error_response(status))
-                for status, extra in extras.items():
-                    self._add_extra(responses, status, extra)
                 operation["responses"] = dict(sorted(responses.items()))
         components["Error"] = Error.model_json_schema()
         return paths, components
 
     @staticmethod
     def _statuses(rule: Rule, method: str, operation: dict[str, Any]) -> list[int]:
-        statuses = [413, 503]
-        secured = bool(operation.get("security"))
+        statuses = [405, 413, 500, 503]
+        secured = _secured_by(operation)
         if rule.arguments or secured:
             statuses.append(404)
         if secured:
             statuses.append(401)
+        if auth.SECURITY_SCHEME in secured:
+            statuses.append(429)
         if method in BODY_METHODS:
             statuses.append(415)
         has_body = "requestBody" in operation
@@ -113,14 +179,42 @@ class Provider(OpenAPIProvider):
         return statuses
 
     @staticmethod
-    def _add_extra(responses: dict[int, Any], status: int, extra: Extra) -> None:
+    def _add_extra(
+        operation: dict[str, Any], status: int, extra: Extra, settings: Settings
+    ) -> None:
+        responses = operation["responses"]
+        calendar = {"text/calendar": {"schema": {"type": "string"}}}
         if extra == "conflict":
             responses[status] = error_response(status)
         elif extra == "no_content":
             responses[status] = {"description": "Done; no content."}
-        else:
-            response = responses.setdefault(status, {"description": "", "content": {}})
-            response["content"]["text/calendar"] = {"schema": {"type": "string"}}
-            response["description"] = (
-                response["description"] + " The iCalendar file (`text/calendar`) once done."
-            ).strip()
+        elif extra == "signup" and settings.signup == "admin":
+            operation["security"] = [{admin.SECURITY_SCHEME: []}]
+        elif extra == "location":
+            responses[status]["headers"] = {
+                "Location": {
+                    "required": True,
+                    "description": "the status URL (`status_url`)",
+                    "schema": {"type": "string"},
+                }
+            }
+        elif extra == "calendar":
+            responses[status] = {
+                "description": "The iCalendar file, once done.",
+                "content": calendar,
+            }
+        elif extra == "accept":
+            responses[status]["content"] |= calendar
+            responses[status]["description"] = (
+                "The export (`application/json`); with `Accept: text/calendar`, its iCalendar "
+                "file once done (`text/calendar`)."
+            )
+            operation["parameters"].append(
+                {
+                    "name": "Accept",
+                    "in": "header",
+                    "required": False,
+                    "description": "`text/calendar` for the file; JSON otherwise",
+                    "schema": {"type": "string", "enum": ["application/json", "text/calendar"]},
+                }
+            )

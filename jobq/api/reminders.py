@@ -1,10 +1,11 @@
-"""`/reminders/<id>`."""
+"""`/reminders/<id>`: the caller's own reminders (another user's answer 404)."""
 
 from __future__ import annotations
 
 from quart import Blueprint
 from quart_schema import validate_response
 
+from jobq.api.auth import current_user_id, user_only
 from jobq.db import read_transaction, write_transaction
 from jobq.domain import reminders
 from jobq.domain.reminders import Reminder
@@ -13,16 +14,18 @@ bp = Blueprint("reminders", __name__)
 
 
 @bp.get("/reminders/<int:reminder_id>")
+@user_only
 @validate_response(Reminder)
 @read_transaction
 async def get_reminder(reminder_id: int) -> Reminder:
     """A reminder with its status (`scheduled`, `sent`, `failed`), attempts and last error."""
-    return await reminders.get_reminder(reminder_id)
+    return await reminders.get_reminder(reminder_id, current_user_id())
 
 
 @bp.delete("/reminders/<int:reminder_id>")
+@user_only
 @write_transaction
 async def delete_reminder(reminder_id: int) -> tuple[str, int]:
-    """Cancel a reminder and its job. 409 once sent."""
-    await reminders.cancel_reminder(reminder_id)
+    """Cancel a reminder and its job: 204. 409 once sent."""
+    await reminders.cancel_reminder(reminder_id, current_user_id())
     return "", 204

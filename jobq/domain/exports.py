@@ -5,16 +5,27 @@ is in the dead letter, `pending` otherwise."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from enum import StrEnum
 
 from pydantic import AwareDatetime, BaseModel
 
 from jobq import clock, db
 from jobq.domain.users import require_user
-from jobq.errors import NotFound
+from jobq.errors import LimitReached, NotFound
 from jobq.queue import Job, enqueue
 
 RENDER_EXPORT = "render_export"
+QUEUE = "exports"
+"""The queue of exports; one export of a user renders at a time (per-key limit 1, key
+`user:<id>`)."""
+
+
+class ExportStatus(StrEnum):
+    """Where an export stands: `pending`, `done` (the file is ready), or `failed`."""
+
+    PENDING = "pending"
+    DONE = "done"
+    FAILED = "failed"
 
 
 class Export(BaseModel):
@@ -22,7 +33,7 @@ class Export(BaseModel):
 
     id: int
     user_id: int
-    status: Literal["pending", "done", "failed"]
+    status: ExportStatus
     status_url: str
     download_url: str | None
     last_error: str | None
@@ -38,7 +49,7 @@ SELECT e.id, e.user_id, e.job_id, e.created_at, e.finished_at,
             ELSE 'pending' END AS status,
        s.last_error
 FROM exports e LEFT JOIN job_state s ON s.id = e.job_id
-WHERE e.id = $1
+WHERE e.id = $1 AND e.user_id = $2
 """
 
 
@@ -53,32 +64,48 @@ def _export(row: dict[str, object]) -> Export:
     )
 
 
-async def request_export(user_id: int) -> Export:
-    """Insert a pending export and enqueue its job. Raises: `NotFound` for an unknown user."""
+async def request_export(user_id: int, *, max_exports: int) -> Export:
+    """Insert a pending export and enqueue its job. Raises: `NotFound` for an unknown user;
+    `LimitReached` when the user has `max_exports` exports (checked under a lock of the user's
+    row)."""
     conn = db.conn()
     await require_user(user_id)
+    await conn.execute("SELECT FROM users WHERE id = $1 FOR NO KEY UPDATE", user_id)
+    held = await conn.fetchval("SELECT count(*) FROM exports WHERE user_id = $1", user_id)
+    if held >= max_exports:
+        raise LimitReached("too many exports: use the ones made", limit=max_exports)
     export_id: int = await conn.fetchval(
         "INSERT INTO exports (user_id, created_at) VALUES ($1, $2) RETURNING id",
         user_id,
         clock.now(),
     )
-    job = await enqueue(Job(job_type=RENDER_EXPORT, arguments={"export_id": export_id}))
+    job = await enqueue(
+        Job(
+            job_type=RENDER_EXPORT,
+            arguments={"export_id": export_id},
+            queue=QUEUE,
+            concurrency_key=f"user:{user_id}",
+        )
+    )
     await conn.execute("UPDATE exports SET job_id = $2 WHERE id = $1", export_id, job.id)
-    return await get_export(export_id)
+    return await get_export(export_id, user_id)
 
 
-async def get_export(export_id: int) -> Export:
-    """Return the export's status. Raises: `NotFound`."""
-    row = await db.conn().fetchrow(_SELECT, export_id)
+async def get_export(export_id: int, user_id: int) -> Export:
+    """Return the user's export and its status. Raises: `NotFound` (also when it is another
+    user's)."""
+    row = await db.conn().fetchrow(_SELECT, export_id, user_id)
     if row is None:
         raise NotFound("no such export", export_id=export_id)
     return _export(dict(row))
 
 
-async def export_file(export_id: int) -> str | None:
-    """Return the iCalendar text of a finished export, or None while it is not done.
-    Raises: `NotFound`."""
-    row = await db.conn().fetchrow("SELECT content FROM exports WHERE id = $1", export_id)
+async def export_file(export_id: int, user_id: int) -> str | None:
+    """Return the iCalendar text of the user's finished export, or None while it is not done.
+    Raises: `NotFound` (also when it is another user's)."""
+    row = await db.conn().fetchrow(
+        "SELECT content FROM exports WHERE id = $1 AND user_id = $2", export_id, user_id
+    )
     if row is None:
         raise NotFound("no such export", export_id=export_id)
     content: str | None = row["content"]

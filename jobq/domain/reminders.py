@@ -8,17 +8,32 @@ or running).
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Literal, Self
+from enum import StrEnum
+from typing import Self
+from urllib.parse import urlsplit
 
 from pydantic import AwareDatetime, BaseModel, Field, model_validator
 
 from jobq import clock, db
-from jobq.domain.types import REQUEST, Text
+from jobq.domain.types import NOT_BLANK, REQUEST, Text
 from jobq.domain.users import require_user
-from jobq.errors import Conflict, NotFound
+from jobq.errors import Conflict, LimitReached, NotFound
 from jobq.queue import Job, enqueue
 
 SEND_REMINDER = "send_reminder"
+QUEUE = "reminders"
+"""The queue of reminder deliveries; its per-key limits hold per webhook host."""
+
+
+def delivery_key(webhook_url: str | None) -> str | None:
+    """The concurrency key of a delivery to `webhook_url`: `host:<its host name>`, lower-case
+    (None without a webhook: a delivery to the log is not limited)."""
+    if webhook_url is None:
+        return None
+    host = urlsplit(webhook_url).hostname
+    return f"host:{host}" if host else None
+
+
 MAX_AHEAD = timedelta(days=3660)
 """How far ahead a reminder may be scheduled (about ten years)."""
 
@@ -29,7 +44,7 @@ class NewReminder(BaseModel):
 
     model_config = REQUEST
 
-    message: Text = Field(min_length=1, max_length=1000)
+    message: Text = Field(min_length=1, max_length=1000, pattern=NOT_BLANK)
     remind_at: AwareDatetime | None = None
     remind_in_seconds: float | None = Field(
         default=None, gt=0, le=MAX_AHEAD.total_seconds(), allow_inf_nan=False
@@ -55,6 +70,15 @@ class NewReminder(BaseModel):
         return now + timedelta(seconds=self.remind_in_seconds)
 
 
+class ReminderStatus(StrEnum):
+    """Where a reminder's delivery stands: `scheduled` (queued, running, or waiting for a
+    retry), `sent`, or `failed` (retries exhausted)."""
+
+    SCHEDULED = "scheduled"
+    SENT = "sent"
+    FAILED = "failed"
+
+
 class Reminder(BaseModel):
     """A reminder and where its delivery stands. `attempts`: delivery attempts made."""
 
@@ -62,7 +86,7 @@ class Reminder(BaseModel):
     user_id: int
     message: str
     remind_at: AwareDatetime
-    status: Literal["scheduled", "sent", "failed"]
+    status: ReminderStatus
     attempts: int
     sent_at: AwareDatetime | None
     last_error: str | None
@@ -87,24 +111,40 @@ FROM reminders r LEFT JOIN job_state s ON s.id = r.job_id
 """
 
 
-async def schedule_reminder(user_id: int, data: NewReminder) -> Reminder:
+async def schedule_reminder(user_id: int, data: NewReminder, *, max_unsent: int) -> Reminder:
     """Insert a reminder and enqueue its `send_reminder` job (ripe at the due time) in the same
-    transaction. Raises: `NotFound` when the user does not exist."""
+    transaction. Raises: `NotFound` when the user does not exist; `LimitReached` when the user
+    has `max_unsent` reminders not yet sent (checked under a lock of the user's row, so
+    concurrent requests cannot overshoot)."""
     conn = db.conn()
     now = clock.now()
     remind_at = data.due_at(now)
-    reminder_id: int | None = await conn.fetchval(
+    user = await conn.fetchrow(
+        "SELECT webhook_url FROM users WHERE id = $1 FOR NO KEY UPDATE", user_id
+    )
+    if user is None:
+        raise NotFound("no such user", user_id=user_id)
+    unsent = await conn.fetchval(
+        "SELECT count(*) FROM reminders WHERE user_id = $1 AND sent_at IS NULL", user_id
+    )
+    if unsent >= max_unsent:
+        raise LimitReached("too many reminders not yet sent: delete some or wait", limit=max_unsent)
+    reminder_id: int = await conn.fetchval(
         "INSERT INTO reminders (user_id, message, remind_at, created_at)"
-        " SELECT $1, $2, $3, $4 WHERE EXISTS (SELECT FROM users WHERE id = $1) RETURNING id",
+        " VALUES ($1, $2, $3, $4) RETURNING id",
         user_id,
         data.message,
         remind_at,
         now,
     )
-    if reminder_id is None:
-        raise NotFound("no such user", user_id=user_id)
     job = await enqueue(
-        Job(job_type=SEND_REMINDER, arguments={"reminder_id": reminder_id}, ripe_at=remind_at)
+        Job(
+            job_type=SEND_REMINDER,
+            arguments={"reminder_id": reminder_id},
+            ripe_at=remind_at,
+            queue=QUEUE,
+            concurrency_key=delivery_key(user["webhook_url"]),
+        )
     )
     await conn.execute("UPDATE reminders SET job_id = $2 WHERE id = $1", reminder_id, job.id)
     # As `get_reminder` would read it back inside this transaction: nothing else has seen it.
@@ -113,7 +153,7 @@ async def schedule_reminder(user_id: int, data: NewReminder) -> Reminder:
         user_id=user_id,
         message=data.message,
         remind_at=remind_at,
-        status="scheduled",
+        status=ReminderStatus.SCHEDULED,
         attempts=0,
         sent_at=None,
         last_error=None,
@@ -122,9 +162,12 @@ async def schedule_reminder(user_id: int, data: NewReminder) -> Reminder:
     )
 
 
-async def get_reminder(reminder_id: int) -> Reminder:
-    """Return the reminder with its derived status. Raises: `NotFound`."""
-    row = await db.conn().fetchrow(_SELECT + " WHERE r.id = $1", reminder_id)
+async def get_reminder(reminder_id: int, user_id: int) -> Reminder:
+    """Return the user's reminder with its derived status. Raises: `NotFound` (also when it is
+    another user's)."""
+    row = await db.conn().fetchrow(
+        _SELECT + " WHERE r.id = $1 AND r.user_id = $2", reminder_id, user_id
+    )
     if row is None:
         raise NotFound("no such reminder", reminder_id=reminder_id)
     return Reminder.model_validate(dict(row))
@@ -139,24 +182,29 @@ async def list_reminders(user_id: int) -> list[Reminder]:
     return [Reminder.model_validate(dict(r)) for r in rows]
 
 
-async def cancel_reminder(reminder_id: int) -> None:
-    """Delete a reminder not yet sent, with its queued (or dead) job, in one statement.
+async def cancel_reminder(reminder_id: int, user_id: int) -> None:
+    """Delete the user's reminder not yet sent, with its queued (or dead) job, in one
+    statement.
 
     A delivery already running finds the reminder gone and sends nothing more.
-    Raises: `NotFound`; `Conflict` when it has been sent.
+    Raises: `NotFound` (also when it is another user's); `Conflict` when it has been sent.
     """
     deleted = await db.conn().fetchval(
         """
-        WITH r AS (DELETE FROM reminders WHERE id = $1 AND sent_at IS NULL RETURNING job_id),
+        WITH r AS (DELETE FROM reminders WHERE id = $1 AND user_id = $2 AND sent_at IS NULL
+                   RETURNING job_id),
              q AS (DELETE FROM job WHERE id IN (SELECT job_id FROM r)),
              d AS (DELETE FROM job_dead WHERE id IN (SELECT job_id FROM r))
         SELECT count(*) FROM r
         """,
         reminder_id,
+        user_id,
     )
     if deleted:
         return
-    if await db.conn().fetchval("SELECT 1 FROM reminders WHERE id = $1", reminder_id):
+    if await db.conn().fetchval(
+        "SELECT 1 FROM reminders WHERE id = $1 AND user_id = $2", reminder_id, user_id
+    ):
         raise Conflict("the reminder has been sent already", reminder_id=reminder_id)
     raise NotFound("no such reminder", reminder_id=reminder_id)
 

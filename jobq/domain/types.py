@@ -1,8 +1,9 @@
 """Field types shared by the request models."""
 
+import re
 from typing import Annotated
 
-from pydantic import AfterValidator, ConfigDict
+from pydantic import AfterValidator, AnyHttpUrl, BeforeValidator, ConfigDict, WithJsonSchema
 
 
 def _no_nul(value: str) -> str:
@@ -17,5 +18,40 @@ Text = Annotated[str, AfterValidator(_no_nul)]
 BIGINT_MAX = 2**63 - 1
 """The largest id PostgreSQL's `bigint` holds: larger ids name nothing (404)."""
 
-REQUEST = ConfigDict(extra="forbid", str_strip_whitespace=True)
-"""Request bodies: unknown fields are errors; surrounding white space is dropped."""
+REQUEST = ConfigDict(extra="forbid")
+"""Request bodies: unknown fields are errors. Strings are kept as sent: their lengths are the
+raw lengths, as documented."""
+
+NOT_BLANK = r"\S"
+"""The pattern of a text that must hold something besides white space (searched anywhere, as
+JSON Schema's `pattern` is)."""
+
+HTTP_URL = r"^[Hh][Tt][Tt][Pp][Ss]?://"
+"""The pattern of a webhook URL: `http://` or `https://`."""
+
+
+def _http_url(value: object) -> object:
+    if isinstance(value, str):
+        if not re.match(HTTP_URL, value):
+            raise ValueError("must start with http:// or https://")
+        if len(value) > MAX_URL_LENGTH:
+            raise ValueError(f"must be at most {MAX_URL_LENGTH} characters")
+    return value
+
+
+MAX_URL_LENGTH = 2000
+
+WebhookUrl = Annotated[
+    AnyHttpUrl,
+    BeforeValidator(_http_url),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "format": "uri",
+            "pattern": HTTP_URL,
+            "minLength": 1,
+            "maxLength": MAX_URL_LENGTH,
+        }
+    ),
+]
+"""An `http` or `https` URL of at most 2000 characters, as sent."""

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import AnyHttpUrl, AwareDatetime, BaseModel, EmailStr, Field
+from pydantic import AwareDatetime, BaseModel, EmailStr, Field
 
 from jobq import clock, db
-from jobq.domain.types import REQUEST, Text
+from jobq.domain.types import NOT_BLANK, REQUEST, Text, WebhookUrl
 from jobq.errors import Conflict, NotFound
 
 
@@ -14,9 +14,9 @@ class NewUser(BaseModel):
 
     model_config = REQUEST
 
-    name: Text = Field(min_length=1, max_length=200)
+    name: Text = Field(min_length=1, max_length=200, pattern=NOT_BLANK)
     email: EmailStr = Field(max_length=254)
-    webhook_url: AnyHttpUrl | None = Field(default=None, max_length=2000)
+    webhook_url: WebhookUrl | None = None
     """Where reminders are POSTed (JSON, signed with `X-Jobq-Signature`)."""
 
 
@@ -28,6 +28,14 @@ class User(BaseModel):
     email: str
     webhook_url: str | None
     created_at: AwareDatetime
+
+
+class UserWithKey(User):
+    """A new user, with their first API key: `api_key` is shown only in this answer; send it
+    as `Authorization: Bearer <api_key>`. `api_key_id` names it for revocation."""
+
+    api_key: str
+    api_key_id: int
 
 
 async def create_user(data: NewUser) -> User:

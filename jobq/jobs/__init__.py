@@ -7,12 +7,27 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import httpx
-
 from jobq.config import Settings
+from jobq.domain import exports as export_domain
+from jobq.domain import reminders as reminder_domain
+from jobq.domain.webhooks import webhook_client
 from jobq.jobs import exports, reminders
+from jobq.queue.registry import Rate, Registry, registry
 
-__all__ = ["exports", "import_job_modules", "job_state", "reminders"]
+__all__ = ["declare_queues", "exports", "import_job_modules", "job_state", "reminders"]
+
+
+def declare_queues(settings: Settings, handlers: Registry = registry) -> None:
+    """Declare the application's queues and their limits, from `settings`: reminder
+    deliveries limited per webhook host (`reminder_host_max_running` at once,
+    `reminder_host_rate` per `reminder_host_rate_period`), and exports rendered one per user
+    at a time, with 2 slots by default (they run in threads)."""
+    handlers.queue(
+        reminder_domain.QUEUE,
+        max_running_per_key=settings.reminder_host_max_running,
+        rate_per_key=Rate(settings.reminder_host_rate, settings.reminder_host_rate_period),
+    )
+    handlers.queue(export_domain.QUEUE, slots=2, max_running_per_key=1)
 
 
 def import_job_modules(settings: Settings) -> None:
@@ -25,8 +40,8 @@ def import_job_modules(settings: Settings) -> None:
 @asynccontextmanager
 async def job_state(settings: Settings) -> AsyncIterator[dict[str, Any]]:
     """Import the job modules, then yield the `JobContext.state` of a worker: `settings` and
-    `http` (an `httpx.AsyncClient` with the webhook timeouts and no redirects), closed on exit."""
+    `http` (the guarded webhook client: `jobq.domain.webhooks.webhook_client`), closed on exit."""
     import_job_modules(settings)
-    timeout = httpx.Timeout(settings.webhook_timeout.total_seconds())
-    async with httpx.AsyncClient(timeout=timeout, follow_redirects=False) as http:
+    declare_queues(settings)
+    async with webhook_client(settings, reminders.webhook_timeout(settings)) as http:
         yield {"settings": settings, "http": http}

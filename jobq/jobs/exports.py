@@ -48,7 +48,7 @@ async def _store(export_id: int, content: str) -> bool:
         return await exports.store_export(export_id, content)
 
 
-@handler(exports.RENDER_EXPORT, args=RenderExportArgs, timeout=120)
+@handler(exports.RENDER_EXPORT, args=RenderExportArgs, queue=exports.QUEUE, timeout=120)
 def render_export(args: RenderExportArgs, job: JobContext) -> None:
     """A plain `def`: runs in the worker's thread pool, so rendering never blocks the event
     loop; its database reads and writes run on the loop through `job.run_coroutine`."""

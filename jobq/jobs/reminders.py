@@ -6,9 +6,10 @@ import hashlib
 import hmac
 import json
 import logging
+from datetime import UTC, datetime
 
 import httpx
-from pydantic import BaseModel
+from pydantic import AwareDatetime, BaseModel, TypeAdapter
 
 from jobq.config import Settings
 from jobq.db import transaction
@@ -77,14 +78,37 @@ async def post_webhook(
         await response.aclose()
 
 
-@handler(reminders.SEND_REMINDER, args=SendReminderArgs, timeout=60)
+def utc_z(moment: datetime) -> str:
+    """`moment` in UTC as ISO 8601 with `Z`, the API's one time format: pydantic's JSON form
+    (`2030-01-01T08:00:00Z`, microseconds when there are some)."""
+    text: str = TypeAdapter(AwareDatetime).dump_python(moment.astimezone(UTC), mode="json")
+    return text
+
+
+def describe_failure(url: str, exc: httpx.HTTPError) -> str:
+    """What failed, for the log and `last_error`: the error's type, the webhook's host, and the
+    cause (`ReadError from hooks.example.com: connection reset by peer`). Never the URL's path,
+    query or credentials."""
+    chain: list[BaseException] = []
+    cause: BaseException | None = exc
+    while cause is not None and cause not in chain:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    detail = next((str(e) for e in chain if str(e)), type(chain[-1]).__name__)
+    if isinstance(exc, httpx.TimeoutException):
+        detail = "timed out"  # the type says which timeout; the causes say nothing more
+    return f"{type(exc).__name__} from {httpx.URL(url).host}: {detail}"
+
+
+@handler(reminders.SEND_REMINDER, args=SendReminderArgs, queue=reminders.QUEUE, timeout=60)
 async def send_reminder(args: SendReminderArgs, job: JobContext) -> None:
     """POST the reminder as JSON (`reminder_id`, `user_id`, `message`, `remind_at`, `attempt`)
     to the user's webhook, signed (see `post_webhook`); then mark it sent (once, even if this
     job runs twice). The answer's status decides: an answer longer than
     `webhook_max_response_bytes` is not read further, and counts by its status alone.
-    Raises: `WebhookFailed` on a non-2xx answer (a redirect included), `httpx.HTTPError` on
-    network errors and timeouts: the attempt fails and is retried with backoff."""
+    Raises: `WebhookFailed` on a non-2xx answer (a redirect included), on network errors and
+    timeouts, and on an address the SSRF guard refuses (`jobq.domain.webhooks`), saying what
+    failed: the attempt fails and is retried with backoff."""
     settings: Settings = job.state["settings"]
     http: httpx.AsyncClient = job.state["http"]
     async with transaction(readonly=True):
@@ -101,12 +125,17 @@ async def send_reminder(args: SendReminderArgs, job: JobContext) -> None:
                 "reminder_id": delivery.reminder_id,
                 "user_id": delivery.user_id,
                 "message": delivery.message,
-                "remind_at": delivery.remind_at.isoformat(),
+                "remind_at": utc_z(delivery.remind_at),
                 "attempt": job.attempt,
             },
             ensure_ascii=False,
         ).encode()
-        status, read_all = await post_webhook(http, delivery.webhook_url, body, settings=settings)
+        try:
+            status, read_all = await post_webhook(
+                http, delivery.webhook_url, body, settings=settings
+            )
+        except httpx.HTTPError as exc:
+            raise WebhookFailed(describe_failure(delivery.webhook_url, exc)) from exc
         if not read_all:
             log.warning(
                 "reminder %s: the webhook's answer is over %d bytes; the rest was not read",
@@ -114,6 +143,7 @@ async def send_reminder(args: SendReminderArgs, job: JobContext) -> None:
                 settings.webhook_max_response_bytes,
             )
         if not 200 <= status < 300:
-            raise WebhookFailed(f"webhook answered HTTP {status}")
+            host = httpx.URL(delivery.webhook_url).host
+            raise WebhookFailed(f"webhook at {host} answered HTTP {status}")
     async with transaction():
         await reminders.mark_sent(args.reminder_id, attempts=job.attempt)

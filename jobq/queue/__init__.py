@@ -2,7 +2,15 @@
 
 from jobq.errors import DontRetry
 from jobq.queue.model import ClaimedJob, Enqueued, Job, JobContext
-from jobq.queue.registry import Handler, Registry, handler, registry
+from jobq.queue.registry import (
+    Handler,
+    QueueSpec,
+    Rate,
+    Registry,
+    declare_queue,
+    handler,
+    registry,
+)
 from jobq.queue.store import enqueue, enqueue_many
 from jobq.queue.worker import Worker
 
@@ -13,8 +21,11 @@ __all__ = [
     "Handler",
     "Job",
     "JobContext",
+    "QueueSpec",
+    "Rate",
     "Registry",
     "Worker",
+    "declare_queue",
     "enqueue",
     "enqueue_many",
     "handler",

@@ -25,21 +25,15 @@ from jobq import clock
 from jobq.config import Settings
 from jobq.db import Database
 from jobq.queue import store
-from jobq.queue.model import ClaimedJob, Outcome
+from jobq.queue.model import ClaimedJob, Outcome, Verdict
 
 log = logging.getLogger("jobq.worker")
-
-REQUEUES = ("retry", "release")
-"""Outcomes that put the job back in `job`."""
-
-COUNTS = {"complete": "completed", "retry": "retried", "release": "released", "bury": "buried"}
-"""The name under which `Worker.counts` counts each kind of recorded outcome."""
 
 
 class Acker:
     """Records the outcomes of one worker's jobs in batches.
 
-    `counts` (shared with the worker) gains, per outcome, its `COUNTS` name when recorded,
+    `counts` (shared with the worker) gains, per outcome, its `Verdict.counted` name when recorded,
     `rejected` when its token was stale (the job had been rescued), or `lost_acks` when the
     database could not be reached within one lease. `on_settled(token)` is called for each
     outcome once it is settled, whichever way.
@@ -51,52 +45,52 @@ class Acker:
         settings: Settings,
         counts: Counter[str],
         on_settled: Callable[[int], None],
+        limited: Callable[[ClaimedJob], bool] = lambda job: False,
     ) -> None:
         self.database = database
         self.settings = settings
         self.counts = counts
         self.on_settled = on_settled
+        self.limited = limited
+        """Whether a job's queue has limits: recording its outcome may let a held-back job
+        start, so a batch the acker records itself wakes the workers."""
         self._pending: list[tuple[ClaimedJob, Outcome]] = []
         self._flushing: asyncio.Task[None] | None = None
-        self._in_flight = 0
-        self.deferred = False
+        self._deferred = False
         """True while the worker's claims take the outcomes (`take`); else the acker records
         them itself."""
 
-    @property
-    def pending(self) -> int:
-        """Outcomes not settled yet (waiting, or in the batch in flight)."""
-        return len(self._pending) + self._in_flight
+    def defer(self) -> None:
+        """From now on leave the outcomes to the worker's claims (`take`), which record them
+        with the next claim."""
+        self._deferred = True
 
     def add(self, job: ClaimedJob, outcome: Outcome) -> None:
         """Queue `outcome` of `job` for the next batch; never blocks."""
         self._pending.append((job, outcome))
-        if not self.deferred:
+        if not self._deferred:
             self._start_flush()
 
     def take(self) -> list[tuple[ClaimedJob, Outcome]]:
         """Take the waiting outcomes, to be recorded by the caller and `settle`d (or `restore`d
         when that failed)."""
         batch, self._pending = self._pending, []
-        self._in_flight += len(batch)
         return batch
 
     def restore(self, batch: list[tuple[ClaimedJob, Outcome]]) -> None:
         """Give back a batch from `take` that could not be recorded; it goes first next time."""
-        self._in_flight -= len(batch)
         self._pending[:0] = batch
-        if not self.deferred:
+        if not self._deferred:
             self._start_flush()
 
     def settle(self, batch: list[tuple[ClaimedJob, Outcome]], recorded: set[int] | None) -> None:
         """Count and log what became of a batch from `take`: `recorded` holds the tokens
         recorded (None: none could be)."""
-        self._in_flight -= len(batch)
         self._settle(batch, recorded)
 
     def undefer(self) -> None:
         """From now on record outcomes without waiting for a claim to take them."""
-        self.deferred = False
+        self._deferred = False
         if self._pending:
             self._start_flush()
 
@@ -115,11 +109,13 @@ class Acker:
 
     async def _flush(self) -> None:
         try:
-            while self._pending and not self.deferred:
+            while self._pending and not self._deferred:
                 await asyncio.sleep(0)  # outcomes of jobs ending in this turn join the batch
                 batch = self.take()
                 recorded = await self._record([outcome for _, outcome in batch])
                 self.settle(batch, recorded)
+                if recorded and any(self.limited(j) for j, o in batch if o.token in recorded):
+                    store.wake_workers(self.database)
         finally:
             self._flushing = None
 
@@ -147,20 +143,20 @@ class Acker:
                 delay = min(delay * 2, 2.0)
 
     def _settle(self, batch: list[tuple[ClaimedJob, Outcome]], recorded: set[int] | None) -> None:
-        if recorded and any(o.kind in REQUEUES and o.token in recorded for _, o in batch):
+        if recorded and any(o.verdict.requeues and o.token in recorded for _, o in batch):
             store.wake_workers(self.database)  # jobs went back to `job`: any worker may take them
         for job, outcome in batch:
             if recorded is None:
                 self.counts["lost_acks"] += 1
             elif outcome.token in recorded:
-                self.counts[COUNTS[outcome.kind]] += 1
-                if outcome.kind == "bury":
+                self.counts[outcome.verdict.counted] += 1
+                if outcome.verdict is Verdict.BURY:
                     log.error("job %s (%s) is dead: %s", job.id, job.job_type, outcome.error)
             else:
                 self.counts["rejected"] += 1
                 log.warning(
                     "job %s was rescued from this worker; its outcome (%s) is not recorded",
                     job.id,
-                    outcome.kind,
+                    outcome.verdict,
                 )
             self.on_settled(outcome.token)

@@ -3,7 +3,29 @@
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """A retry delay policy (see `backoff_delay`): `base` and `cap` durations, `jitter` in
+    [0, 1]. Raises: `ValueError` for a negative base, a cap below the base, or a jitter
+    outside [0, 1]."""
+
+    base: timedelta
+    cap: timedelta
+    jitter: float
+
+    def __post_init__(self) -> None:
+        if self.base < timedelta(0) or self.cap < self.base:
+            raise ValueError(f"backoff needs 0 <= base <= cap, not {self.base} and {self.cap}")
+        if not 0 <= self.jitter <= 1:
+            raise ValueError(f"backoff jitter must be within [0, 1], not {self.jitter}")
+
+    def next_ripe_at(self, attempts: int, now: datetime) -> datetime:
+        """When a job that has failed `attempts` times ripens again (`next_ripe_at`)."""
+        return next_ripe_at(attempts, now, base=self.base, cap=self.cap, jitter=self.jitter)
 
 
 def backoff_delay(

@@ -12,22 +12,24 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from datetime import datetime
+from typing import Any
 
 from pydantic import ValidationError
 
 from jobq import clock
 from jobq.config import Settings
-from jobq.errors import DontRetry
+from jobq.errors import DontRetry, Snooze
 from jobq.queue.acker import Acker
-from jobq.queue.backoff import next_ripe_at
-from jobq.queue.model import ClaimedJob, JobContext, Outcome
+from jobq.queue.backoff import Backoff
+from jobq.queue.model import ClaimedJob, JobContext, Outcome, Verdict
 from jobq.queue.registry import Registry
 
 log = logging.getLogger("jobq.worker")
 
-Attempt = tuple[Literal["complete", "fail", "bury"], str | None]
-"""What an attempt came to, and its error."""
+Attempt = tuple[Verdict, str | None, datetime | None]
+"""What an attempt came to (`RETRY` for any failure: `execute` buries a job out of retries),
+its error, and for a `SNOOZE` when the job ripens again."""
 
 MAX_ERROR_CHARS = 2000
 
@@ -43,9 +45,8 @@ class _TimedOut(Exception):
 
 
 class Executor:
-    """Runs the claimed jobs of one worker; their outcomes go to `acker`. `in_handler`
-    holds the tasks a hard stop may cancel (an async handler running, or a sync one still
-    waiting for a thread)."""
+    """Runs the claimed jobs of one worker; their outcomes go to `acker`. A hard stop
+    cancels what can be cancelled with `cancel_handlers`."""
 
     def __init__(
         self,
@@ -58,8 +59,14 @@ class Executor:
         self.handlers = handlers
         self.state = state
         self.acker = acker
-        self.in_handler: set[asyncio.Task[Any]] = set()
+        self._in_handler: set[asyncio.Task[Any]] = set()
+        """The tasks a hard stop may cancel: an async handler running, or a sync one still
+        waiting for a thread."""
         self.worker_id = 0
+        self._backoff = Backoff(
+            settings.backoff_base, settings.backoff_max, settings.backoff_jitter
+        )
+        """The retry delays of handlers that declare none."""
         self._threads: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -77,6 +84,13 @@ class Executor:
         if self._threads is not None:
             self._threads.shutdown(wait=False, cancel_futures=True)
 
+    def cancel_handlers(self) -> int:
+        """Cancel the async handlers running and the sync ones still waiting for a thread (their
+        jobs are released); return how many. A sync handler already in its thread cannot be."""
+        for task in self._in_handler:
+            task.cancel()
+        return len(self._in_handler)
+
     async def execute(self, job: ClaimedJob) -> None:
         """Run one attempt of a claimed job and hand its outcome to the acker.
 
@@ -84,33 +98,31 @@ class Executor:
         thread): the job is released, ripe now, with no attempt charged.
         """
         try:
-            kind, error = await self._attempt(job)
+            verdict, error, snoozed_until = await self._attempt(job)
         except asyncio.CancelledError:
-            self.acker.add(job, Outcome(job.token, "release", clock.now()))
+            self.acker.add(job, Outcome(job.token, Verdict.RELEASE))
             raise
-        if kind == "complete":
-            outcome = Outcome(job.token, "complete")
-        elif kind == "fail" and job.attempts < job.max_retries:
-            ripe_at = next_ripe_at(
-                job.attempts + 1,
-                clock.now(),
-                base=self.settings.backoff_base,
-                cap=self.settings.backoff_max,
-                jitter=self.settings.backoff_jitter,
-            )
-            outcome = Outcome(job.token, "retry", ripe_at, error)
+        if verdict is Verdict.COMPLETE:
+            outcome = Outcome(job.token, Verdict.COMPLETE)
+        elif verdict is Verdict.SNOOZE:
+            outcome = Outcome(job.token, Verdict.SNOOZE, ripe_at=snoozed_until)
+        elif verdict is Verdict.RETRY and job.attempts < job.max_retries:
+            spec = self.handlers.get(job.job_type)
+            backoff = spec.backoff if spec is not None and spec.backoff else self._backoff
+            ripe_at = backoff.next_ripe_at(job.attempts + 1, clock.now())
+            outcome = Outcome(job.token, Verdict.RETRY, ripe_at, error)
         else:
-            outcome = Outcome(job.token, "bury", error=error)
+            outcome = Outcome(job.token, Verdict.BURY, error=error)
         self.acker.add(job, outcome)
 
     async def _attempt(self, job: ClaimedJob) -> Attempt:
         spec = self.handlers.get(job.job_type)
         if spec is None:
-            return "bury", f"no handler for job_type {job.job_type!r}"
+            return Verdict.BURY, f"no handler for job_type {job.job_type!r}", None
         try:
             args = spec.args_model.model_validate(job.arguments)
         except ValidationError as exc:
-            return "bury", f"invalid arguments: {exc}"[:MAX_ERROR_CHARS]
+            return Verdict.BURY, f"invalid arguments: {exc}"[:MAX_ERROR_CHARS], None
         assert self._loop is not None
         assert self.worker_id is not None
         context = JobContext(
@@ -119,19 +131,22 @@ class Executor:
             attempt=job.attempts + 1,
             max_retries=job.max_retries,
             worker_id=self.worker_id,
+            queue=job.queue,
             state=self.state,
             loop=self._loop,
         )
         limit = (spec.timeout or self.settings.job_timeout).total_seconds()
         try:
             if spec.is_async:
-                await self._run_on_loop(spec.fn, args, context, limit)
+                returned = await self._run_on_loop(spec.fn, args, context, limit)
             else:
-                await self._run_in_thread(spec.fn, args, context, limit)
+                returned = await self._run_in_thread(spec.fn, args, context, limit)
         except DontRetry as exc:
-            return "bury", describe(exc)
+            return Verdict.BURY, describe(exc), None
         except _TimedOut:
-            return "fail", f"timed out after {limit:g}s"
+            return Verdict.RETRY, f"timed out after {limit:g}s", None
+        except Snooze as exc:
+            returned = exc
         except Exception as exc:
             log.warning(
                 "job %s (%s) attempt %d failed: %s",
@@ -141,30 +156,33 @@ class Executor:
                 describe(exc),
                 exc_info=log.isEnabledFor(logging.DEBUG),
             )
-            return "fail", describe(exc)
-        return "complete", None
+            return Verdict.RETRY, describe(exc), None
+        if isinstance(returned, Snooze):
+            return Verdict.SNOOZE, None, clock.now() + returned.delay
+        return Verdict.COMPLETE, None, None
 
     async def _run_on_loop(
         self, fn: Callable[..., Any], args: Any, context: JobContext, limit: float
-    ) -> None:
-        """Await an async handler under its timeout; a hard stop may cancel it."""
+    ) -> Any:
+        """Await an async handler under its timeout and return what it returns; a hard stop
+        may cancel it."""
         task = asyncio.current_task()
         assert task is not None
-        self.in_handler.add(task)
+        self._in_handler.add(task)
         try:
             async with asyncio.timeout(limit) as deadline:
-                await fn(args, context)
+                return await fn(args, context)
         except TimeoutError:
             if deadline.expired():
                 raise _TimedOut() from None
             raise
         finally:
-            self.in_handler.discard(task)
+            self._in_handler.discard(task)
 
     async def _run_in_thread(
         self, fn: Callable[..., Any], args: Any, context: JobContext, limit: float
-    ) -> None:
-        """Run a plain `def` handler in the thread pool.
+    ) -> Any:
+        """Run a plain `def` handler in the thread pool and return what it returns.
 
         The timeout runs from the moment a thread starts it, not while it waits for a free
         thread. A thread cannot be stopped, so once it has started its job keeps its slot and
@@ -178,20 +196,20 @@ class Executor:
         decided = threading.Lock()  # whether the thread starts or the job is withdrawn
         began = withdrawn = False
 
-        def in_thread() -> None:
+        def in_thread() -> Any:
             nonlocal began
             with decided:
                 if withdrawn:
-                    return
+                    return None
                 began = True
             loop.call_soon_threadsafe(started.set)
-            run(fn, args, context)
+            return run(fn, args, context)
 
         thread = loop.run_in_executor(self._threads, in_thread)
         thread.add_done_callback(lambda _: started.set())
         task = asyncio.current_task()
         assert task is not None
-        self.in_handler.add(task)
+        self._in_handler.add(task)
         try:
             await started.wait()
         except asyncio.CancelledError:
@@ -201,10 +219,10 @@ class Executor:
                 raise  # it will never start
             task.uncancel()  # it has started: it must be waited for
         finally:
-            self.in_handler.discard(task)
+            self._in_handler.discard(task)
         try:
             async with asyncio.timeout(limit):
-                await asyncio.shield(thread)
+                return await asyncio.shield(thread)
         except TimeoutError:
             if thread.done():
                 raise  # the handler's own TimeoutError

@@ -6,7 +6,8 @@ import asyncio
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal, Self, TypeVar
+from enum import StrEnum
+from typing import Any, Self, TypeVar
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
@@ -25,7 +26,10 @@ class Job(BaseModel):
 
     `arguments` is a JSON object; with `job_type` it is the dedup key. `ripe_at` is an aware
     datetime (default: now, i.e. immediately). Higher `priority` runs first. After
-    `max_retries` failed retries (so `max_retries + 1` attempts) the job goes to `job_dead`.
+    `max_retries` failed retries (so `max_retries + 1` attempts) the job goes to `job_dead`
+    (None: its handler's `max_retries`, else `DEFAULT_MAX_RETRIES`).
+    `queue` (None: its handler's queue, else `default`) decides which workers' slots run it;
+    `concurrency_key` (None: none) groups the jobs that the queue's per-key limits count.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -34,7 +38,9 @@ class Job(BaseModel):
     arguments: dict[str, Any] = Field(default_factory=dict)
     ripe_at: AwareDatetime = Field(default_factory=clock.now)
     priority: int = Field(default=0, ge=-32768, le=32767)
-    max_retries: int = Field(default=DEFAULT_MAX_RETRIES, ge=0, le=100)
+    max_retries: int | None = Field(default=None, ge=0, le=100)
+    queue: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_.:-]{0,62}$")
+    concurrency_key: str | None = Field(default=None, min_length=1, max_length=200)
 
     def runs_in(self, *, seconds: float = 0, minutes: float = 0, hours: float = 0) -> Self:
         """Return a copy that ripens that long after now (the app clock)."""
@@ -70,19 +76,54 @@ class ClaimedJob:
     token: int
     ripe_at: datetime
     claimed_at: datetime
+    queue: str = "default"
+    concurrency_key: str | None = None
+
+
+class Verdict(StrEnum):
+    """What becomes of a claimed job: the one vocabulary of outcomes (recorded by
+    `jobq.queue.acker`, counted by `Worker.counts` under `counted`).
+
+    `COMPLETE`: done, it leaves the queue. `RETRY`: back to `job` with one more attempt, ripe
+    after its backoff. `RELEASE`: back to `job` at its place, no attempt charged (a stop).
+    `SNOOZE`: back to `job`, ripe at the time the handler asked (`Snooze`), no attempt
+    charged. `BURY`: to the dead letter.
+    """
+
+    COMPLETE = "complete"
+    RETRY = "retry"
+    RELEASE = "release"
+    SNOOZE = "snooze"
+    BURY = "bury"
+
+    @property
+    def counted(self) -> str:
+        """The name `Worker.counts` counts it under (`completed`, `retried`, ...)."""
+        return _COUNTED[self]
+
+    @property
+    def requeues(self) -> bool:
+        """Whether the job goes back to `job` (any worker may then claim it)."""
+        return self in (Verdict.RETRY, Verdict.RELEASE, Verdict.SNOOZE)
+
+
+_COUNTED = {
+    Verdict.COMPLETE: "completed",
+    Verdict.RETRY: "retried",
+    Verdict.RELEASE: "released",
+    Verdict.SNOOZE: "snoozed",
+    Verdict.BURY: "buried",
+}
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What to record of one attempt of a claimed job, fenced by its `token`.
-
-    `complete`: the job is done and leaves the queue. `retry`: back to `job` with one more
-    attempt, ripe at `ripe_at`, with `error`. `release`: back to `job`, ripe at `ripe_at`, with
-    no attempt charged and its last error kept. `bury`: to the dead letter with `error`.
-    """
+    """What to record of one attempt of a claimed job, fenced by its `token`: its `verdict`,
+    for a retry or a snooze the `ripe_at` to go back at (a release keeps the job's place: its
+    own `ripe_at`, or now if that is later), for a retry or burial the `error`."""
 
     token: int
-    kind: Literal["complete", "retry", "release", "bury"]
+    verdict: Verdict
     ripe_at: datetime | None = None
     error: str | None = None
 
@@ -100,6 +141,7 @@ class JobContext:
     attempt: int
     max_retries: int
     worker_id: int
+    queue: str
     state: dict[str, Any]
     loop: asyncio.AbstractEventLoop
 

@@ -1,39 +1,99 @@
 """The queue's statements. Each state change is one statement; names are noun first.
 
 Every time-based statement takes the time as a parameter (the app clock); none uses now().
+Parameters are named (`:now`, `:worker_id`); `Query` numbers them for asyncpg, in the order
+they first appear, so the fragments shared by several statements (`_RECORD`, `_ALIVE`,
+`_back_to_queue`) never shift a number. `python -m jobq sql NAME` prints a statement
+whole, as PostgreSQL receives it, with its parameters in order.
 """
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from jobq.db import Connection
+
+_PARAMETER = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
+
+
+class Query:
+    """A statement with named parameters (`:name`, never inside `::type` casts), sent with
+    positional ones (`$1`...) in the order the names first appear in it."""
+
+    def __init__(self, text: str) -> None:
+        names: list[str] = []
+
+        def number(match: re.Match[str]) -> str:
+            if match.group(1) not in names:
+                names.append(match.group(1))
+            return f"${names.index(match.group(1)) + 1}"
+
+        self.text = _PARAMETER.sub(number, text)
+        self.params = tuple(names)
+
+    def args(self, **values: Any) -> list[Any]:
+        """The positional arguments for `values` (one per named parameter).
+        Raises: `TypeError` when a parameter is missing or unknown."""
+        if set(values) != set(self.params):
+            missing, unknown = set(self.params) - set(values), set(values) - set(self.params)
+            raise TypeError(f"parameters missing: {sorted(missing)}, unknown: {sorted(unknown)}")
+        return [values[name] for name in self.params]
+
+    async def fetch(self, conn: Connection, **values: Any) -> list[Any]:
+        """Run it on `conn` and return its rows."""
+        return await conn.fetch(self.text, *self.args(**values))
+
+    async def fetchrow(self, conn: Connection, **values: Any) -> Any:
+        """Run it on `conn` and return its first row, or None."""
+        return await conn.fetchrow(self.text, *self.args(**values))
+
+    async def fetchval(self, conn: Connection, **values: Any) -> Any:
+        """Run it on `conn` and return the first column of its first row, or None."""
+        return await conn.fetchval(self.text, *self.args(**values))
+
+    async def execute(self, conn: Connection, **values: Any) -> str:
+        """Run it on `conn` and return its status (`UPDATE 3`)."""
+        return await conn.execute(self.text, *self.args(**values))
+
 
 WORKER_LOCK_CLASS = 1785684593
 """classid ('jobq') of the session advisory locks that tell a worker is alive; objid = worker id."""
 
 _COLUMNS = (
-    "id, job_type, arguments, ripe_at, priority, attempts, max_retries, last_error, created_at"
+    "id, job_type, arguments, ripe_at, priority, attempts, max_retries, last_error, created_at,"
+    " queue, concurrency_key"
 )
 
-job_enqueue = """
+job_enqueue = Query("""
 WITH queued AS (
-    INSERT INTO job (job_type, arguments, ripe_at, priority, max_retries, created_at)
-    VALUES ($1, $2::jsonb, $3, $4, $5, $6)
+    INSERT INTO job (job_type, arguments, ripe_at, priority, max_retries, created_at, queue,
+                     concurrency_key)
+    VALUES (:job_type, :arguments::jsonb, :ripe_at, :priority, :max_retries, :now, :queue,
+            :concurrency_key)
     ON CONFLICT (md5) DO NOTHING
     RETURNING id
 )
 SELECT id, false AS duplicate FROM queued
 UNION ALL
 SELECT id, true FROM job
-WHERE md5 = md5($1 || $2::jsonb::text) AND NOT EXISTS (SELECT FROM queued)
-"""
+WHERE md5 = md5(:job_type || :arguments::jsonb::text) AND NOT EXISTS (SELECT FROM queued)
+""")
 
-job_enqueue_many = """
-INSERT INTO job (job_type, arguments, ripe_at, priority, max_retries, created_at)
-SELECT t, a::jsonb, r, p, m, $6
-FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::smallint[], $5::int[])
-     AS u(t, a, r, p, m)
+job_enqueue_many = Query("""
+INSERT INTO job (job_type, arguments, ripe_at, priority, max_retries, created_at, queue,
+                 concurrency_key)
+SELECT t, a::jsonb, r, p, m, :now, q, k
+FROM unnest(:job_types::text[], :arguments::text[], :ripe_ats::timestamptz[],
+            :priorities::smallint[], :max_retries::int[], :queues::text[],
+            :concurrency_keys::text[]) AS u(t, a, r, p, m, q, k)
 ON CONFLICT (md5) DO NOTHING
 RETURNING id
-"""
+""")
 
 _DEAD_COLUMNS = (
-    "id, job_type, arguments, priority, attempts, max_retries, last_error, created_at, died_at"
+    "id, job_type, arguments, priority, attempts, max_retries, last_error, created_at, died_at,"
+    " queue, concurrency_key"
 )
 
 
@@ -49,7 +109,7 @@ def _back_to_queue(source: str, *, ripe_at: str, attempts: str, error: str, now:
 requeued AS (
     INSERT INTO job ({_COLUMNS})
     SELECT s.id, s.job_type, s.arguments, {ripe_at}, s.priority, {attempts}, s.max_retries,
-           {error}, s.created_at
+           {error}, s.created_at, s.queue, s.concurrency_key
     FROM {source} AS s
     ON CONFLICT (md5) DO NOTHING
     RETURNING id
@@ -63,50 +123,54 @@ requeued AS (
     INSERT INTO job_dead ({_DEAD_COLUMNS})
     SELECT s.id, s.job_type, s.arguments, s.priority, {attempts}, s.max_retries,
            coalesce('merged into queued duplicate job ' || h.id, 'merged into a queued duplicate'),
-           s.created_at, {now}
+           s.created_at, {now}, s.queue, s.concurrency_key
     FROM {source} AS s LEFT JOIN hastened AS h ON h.merged_id = s.id
     WHERE s.id NOT IN (SELECT id FROM requeued)
 )"""
 
 
-# $1 completed tokens
+# :completed tokens
 _COMPLETED = """completed AS (
-    DELETE FROM job_running WHERE token = ANY($1::bigint[]) RETURNING token
+    DELETE FROM job_running WHERE token = ANY(:completed::bigint[]) RETURNING token
 )"""
 
-# $1 completed tokens; re-queued: $2 tokens, $3 ripe_at, $4 last errors (NULL: keep it),
-# $5 attempts charged (1 for a failure, 0 for a release); buried: $6 tokens, $7 errors; $8 now.
+# :completed tokens; re-queued: :failed tokens, :failed_ripe_ats, :failed_errors (NULL: keep
+# it), :failed_charges (attempts charged: 1 for a failure, 0 for a release or a snooze),
+# :failed_ripe_ats NULL for a release (it keeps its place: its own ripe_at); :buried tokens,
+# :buried_errors; :now.
 # Every outcome names its job's fencing token: a stale token (the job was rescued) matches no
 # row and changes nothing. CTE `recorded` holds the tokens recorded.
 _RECORD = f"""
 {_COMPLETED}, failed AS (
     DELETE FROM job_running AS r
-    USING unnest($2::bigint[], $3::timestamptz[], $4::text[], $5::int[])
-          AS u(token, ripe_at, error, charge)
+    USING unnest(:failed::bigint[], :failed_ripe_ats::timestamptz[], :failed_errors::text[],
+                 :failed_charges::int[]) AS u(token, ripe_at, error, charge)
     WHERE r.token = u.token
     RETURNING r.token, r.id, r.job_type, r.arguments, r.priority,
-              -- a release keeps the job's place in the queue; a retry waits its backoff
-              CASE WHEN u.charge = 0 THEN least(r.ripe_at, u.ripe_at) ELSE u.ripe_at END
-                  AS next_ripe_at,
+              -- a release keeps the job's place in the queue; a retry waits its backoff, a
+              -- snooze its delay
+              coalesce(u.ripe_at, least(r.ripe_at, :now::timestamptz)) AS next_ripe_at,
               r.attempts + u.charge AS next_attempts, r.max_retries,
-              coalesce(u.error, r.last_error) AS next_error, r.created_at
+              coalesce(u.error, r.last_error) AS next_error, r.created_at, r.queue,
+              r.concurrency_key
 ), {
     _back_to_queue(
         "failed",
         ripe_at="s.next_ripe_at",
         attempts="s.next_attempts",
         error="s.next_error",
-        now="$8::timestamptz",
+        now=":now::timestamptz",
     )
 }, buried AS (
     DELETE FROM job_running AS r
-    USING unnest($6::bigint[], $7::text[]) AS u(token, error)
+    USING unnest(:buried::bigint[], :buried_errors::text[]) AS u(token, error)
     WHERE r.token = u.token
     RETURNING r.token, r.id, r.job_type, r.arguments, r.priority, r.attempts, r.max_retries,
-              u.error, r.created_at
+              u.error, r.created_at, r.queue, r.concurrency_key
 ), dead AS (
     INSERT INTO job_dead ({_DEAD_COLUMNS})
-    SELECT id, job_type, arguments, priority, attempts + 1, max_retries, error, created_at, $8
+    SELECT id, job_type, arguments, priority, attempts + 1, max_retries, error, created_at, :now,
+           queue, concurrency_key
     FROM buried
 ), recorded AS (
     SELECT token FROM completed
@@ -114,149 +178,214 @@ _RECORD = f"""
     UNION ALL SELECT token FROM buried
 )"""
 
-job_record = f"WITH {_RECORD}\nSELECT token FROM recorded"
+job_record = Query(f"WITH {_RECORD}\nSELECT token FROM recorded")
 
 
-def _claiming(record: str, recorded: str, *, now: str, limit: str, worker: str, lease: str) -> str:
-    """A statement that records outcomes (CTEs `record`, tokens in CTE `recorded`) and claims up
-    to `limit` ripe jobs for `worker` in one go: the jobs whose outcome is recorded free the slots
-    that the claim fills. It returns the claimed jobs, then one row per recorded token (id NULL).
+def _claiming(record: str, recorded: str) -> Query:
+    """A statement that records outcomes (CTEs `record`, tokens in CTE `recorded`) and claims
+    ripe jobs for `worker` in one go: up to `slots[i]` jobs of queue `queues[i]` (the jobs whose
+    outcome is recorded free the slots that the claim fills). Paused queues are skipped. A queue
+    without limits is claimed here, from its line (`job_claim_idx`); the jobs of queues with
+    limits are chosen by `job_claimable` (sql/005_queues.sql), which makes their claims take
+    turns. Claims of rate-limited queues are appended to their windows (`job_rate`).
+    It returns the claimed jobs, then one row per recorded token (id NULL).
     """
-    return f"""
-WITH {record}, claimed AS (
+    return Query(f"""
+WITH {record}, q AS (
+    SELECT u.name, u.free, coalesce(jq.limited, false) AS limited
+    FROM unnest(:queues::text[], :slots::int[]) AS u(name, free)
+    LEFT JOIN job_queue AS jq USING (name)
+    WHERE u.free > 0 AND NOT coalesce(jq.paused, false)
+), limited AS (
+    SELECT c.id, c.claimed_at
+    FROM (SELECT array_agg(q.name) AS names, array_agg(q.free) AS free
+          FROM q WHERE q.limited HAVING count(*) > 0) AS a
+    CROSS JOIN LATERAL job_claimable(a.names, a.free, :now) AS c
+), claimed AS (
     DELETE FROM job
     WHERE id = ANY(ARRAY(
-        SELECT id FROM job
-        WHERE ripe_at <= {now}
-        ORDER BY priority DESC, ripe_at
-        LIMIT {limit}
-        FOR UPDATE SKIP LOCKED
+        -- first (it may wait for the queues' turn): the limited queues' jobs
+        SELECT id FROM limited
+        UNION ALL
+        SELECT j.id FROM q CROSS JOIN LATERAL (
+            SELECT id FROM job
+            WHERE job.queue = q.name AND ripe_at <= :now
+            ORDER BY priority DESC, ripe_at
+            LIMIT q.free
+            FOR UPDATE SKIP LOCKED
+        ) AS j
+        WHERE NOT q.limited
     ))
     RETURNING {_COLUMNS}
 ), running AS (
     INSERT INTO job_running ({_COLUMNS}, worker_id, claimed_at, lease_expires_at, token)
-    SELECT {_COLUMNS}, {worker}, {now}, {lease}, nextval('job_fencing_token')
-    FROM claimed
-    RETURNING token, id, job_type, arguments, attempts, max_retries, ripe_at, claimed_at
+    SELECT {_COLUMNS}, :worker_id,
+           coalesce((SELECT l.claimed_at FROM limited AS l WHERE l.id = c.id), :now),
+           :lease_expires_at, nextval('job_fencing_token')
+    FROM claimed AS c  -- in the order of the claim (a join could reorder the jobs)
+    RETURNING token, id, job_type, arguments, attempts, max_retries, ripe_at, claimed_at, queue,
+              concurrency_key
+), rated AS (
+    INSERT INTO job_rate AS w (queue, concurrency_key, period, starts)
+    SELECT s.queue, s.key, s.period, array_agg(s.claimed_at ORDER BY s.claimed_at)
+    FROM (
+        SELECT r.queue, '' AS key, jq.rate_period AS period, r.claimed_at
+        FROM running AS r JOIN job_queue AS jq ON jq.name = r.queue
+        WHERE jq.rate_max_starts IS NOT NULL
+        UNION ALL
+        SELECT r.queue, r.concurrency_key, jq.key_rate_period, r.claimed_at
+        FROM running AS r JOIN job_queue AS jq ON jq.name = r.queue
+        WHERE jq.key_rate_max_starts IS NOT NULL AND r.concurrency_key IS NOT NULL
+    ) AS s
+    WHERE EXISTS (SELECT FROM q WHERE q.limited)
+    GROUP BY s.queue, s.key, s.period
+    ON CONFLICT (queue, concurrency_key) DO UPDATE
+    SET period = EXCLUDED.period,
+        -- in order, oldest first; the new starts are never before the window's last
+        starts = ARRAY(SELECT t FROM unnest(w.starts) AS t
+                       WHERE t > EXCLUDED.starts[cardinality(EXCLUDED.starts)] - EXCLUDED.period)
+                 || EXCLUDED.starts
 )
 SELECT * FROM running
 UNION ALL
-SELECT token, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM {recorded}
-"""
+SELECT token, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM {recorded}
+""")
 
 
-# $1 completed tokens, $2 now, $3 max jobs, $4 worker id, $5 lease expiry. The usual claim: the
-# jobs that finished since the last one all succeeded.
-job_claim = _claiming(_COMPLETED, "completed", now="$2", limit="$3", worker="$4", lease="$5")
+# The usual claim: the jobs that finished since the last one all succeeded.
+# The usual claim: the jobs that finished since the last one all succeeded.
+job_claim = _claiming(_COMPLETED, "completed")
 
-# $1..$8 outcomes and now (as in `_RECORD`), $9 max jobs, $10 worker id, $11 lease expiry. The
-# claim when some of the jobs that finished failed or were released.
-job_claim_recording = _claiming(
-    _RECORD, "recorded", now="$8", limit="$9", worker="$10", lease="$11"
-)
+# The claim when some of the jobs that finished failed or were released.
+job_claim_recording = _claiming(_RECORD, "recorded")
 
-# $1 worker id, $2 host, $3 pid, $4 now
-worker_register = """
+worker_register = Query("""
 INSERT INTO worker (id, host, pid, started_at, heartbeat_at)
-VALUES ($1, $2, $3, $4, $4)
+VALUES (:worker_id, :host, :pid, :now, :now)
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at
-"""
+""")
 
-worker_next_id = "SELECT nextval(pg_get_serial_sequence('worker', 'id'))::int"
+worker_next_id = Query("SELECT nextval(pg_get_serial_sequence('worker', 'id'))::int")
 
-worker_lock = "SELECT pg_try_advisory_lock($1::int, $2::int)"
+worker_lock = Query(f"SELECT pg_try_advisory_lock({WORKER_LOCK_CLASS}, :worker_id::int)")
 
-worker_unregister = "DELETE FROM worker WHERE id = $1"
+worker_unregister = Query("DELETE FROM worker WHERE id = :worker_id")
 
-# $1 worker id, $2 now, $3 lease expiry, $4 tokens held
-worker_heartbeat = """
+# :tokens: those the worker holds
+worker_heartbeat = Query("""
 WITH beat AS (
-    UPDATE worker SET heartbeat_at = $2 WHERE id = $1
+    UPDATE worker SET heartbeat_at = :now WHERE id = :worker_id
 )
-UPDATE job_running SET lease_expires_at = $3
-WHERE token = ANY($4::bigint[]) AND worker_id = $1
-"""
+UPDATE job_running SET lease_expires_at = :lease_expires_at
+WHERE token = ANY(:tokens::bigint[]) AND worker_id = :worker_id
+""")
 
 APPLICATION_NAME = "left('jobq/' || {w}.pid || '@' || {w}.host, 63)"
 """The `application_name` of every session of the worker process of row `{w}` (jobq.db)."""
 
-# $1 now, $2 heartbeat grace. A worker is alive while it holds its liveness lock, or while
+# A worker is alive while it holds its liveness lock, or while
 # its process still has a session and its heartbeat is recent (its listener is reconnecting).
 # So a killed process (all its sessions gone at once) is dead at once, a dropped listener alone
 # is not, and a hung worker is dead when its leases expire. After a restart of the server every
 # session was cut at once and no heartbeat could be written: for the grace after the server's
 # start, every worker is alive, so that each can reconnect and take its lock again.
+# Behind a pooler both signs must come from direct sessions: a server connection of the pooler
+# outlives its client, and with it a session lock or an application_name. So the listener
+# connects directly (`Database.direct_dsn`) and pooled connections through a pooler send no
+# application_name (`Database.open`): no pooled session ever carries a worker's name.
 _ALIVE = f"""
     SELECT objid::bigint AS worker_id FROM pg_locks
     WHERE locktype = 'advisory' AND classid = {WORKER_LOCK_CLASS} AND objsubid = 2 AND granted
       AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
     UNION
     SELECT w.id FROM worker AS w
-    WHERE w.heartbeat_at >= $1::timestamptz - $2::interval
+    WHERE w.heartbeat_at >= :now::timestamptz - :heartbeat_grace::interval
       AND EXISTS (SELECT FROM pg_stat_activity AS a
                   WHERE a.datname = current_database()
                     AND a.application_name = {APPLICATION_NAME.format(w="w")})
     UNION
     SELECT w.id FROM worker AS w
-    WHERE pg_postmaster_start_time() >= $1::timestamptz - $2::interval
+    WHERE pg_postmaster_start_time() >= :now::timestamptz - :heartbeat_grace::interval
 """
 
-# $1 now, $2 heartbeat grace, $3 last error. A rescue charges an attempt: a job that kills its
+# :error: the last error of the rescued jobs. A rescue charges an attempt: a job that kills its
 # worker every time must end in the dead letter rather than crash workers forever. A rescued
 # job keeps its place in the queue (its own ripe_at), ahead of jobs that ripened since.
-job_rescue = f"""
+job_rescue = Query(f"""
 WITH alive AS ({_ALIVE}
 ), lost AS (
     DELETE FROM job_running
-    WHERE lease_expires_at < $1 OR worker_id NOT IN (SELECT worker_id FROM alive)
+    WHERE lease_expires_at < :now OR worker_id NOT IN (SELECT worker_id FROM alive)
     RETURNING {_COLUMNS}
 ), retrying AS (
     SELECT * FROM lost WHERE attempts < max_retries
 ), {
     _back_to_queue(
         "retrying",
-        ripe_at="least(s.ripe_at, $1::timestamptz)",
+        ripe_at="least(s.ripe_at, :now::timestamptz)",
         attempts="s.attempts + 1",
-        error="$3::text",
-        now="$1::timestamptz",
+        error=":error::text",
+        now=":now::timestamptz",
     )
 }, buried AS (
     INSERT INTO job_dead ({_DEAD_COLUMNS})
-    SELECT id, job_type, arguments, priority, attempts + 1, max_retries, $3, created_at, $1
+    SELECT id, job_type, arguments, priority, attempts + 1, max_retries, :error, created_at, :now,
+           queue, concurrency_key
     FROM lost WHERE attempts >= max_retries
 ), gone AS (
     DELETE FROM worker WHERE id NOT IN (SELECT worker_id FROM alive)
 )
 SELECT count(*) FROM lost
-"""
+""")
 
-# $1 worker id, $2 tokens the worker holds, $3 now. Claims of the worker whose answer never
+# :tokens: those the worker holds. Claims of the worker whose answer never
 # reached it (its connection was cut as the claim committed): it never started those jobs. They
 # go back to the queue at their place, with no attempt charged.
-job_release_orphans = f"""
+job_release_orphans = Query(f"""
 WITH orphans AS (
-    DELETE FROM job_running WHERE worker_id = $1 AND NOT (token = ANY($2::bigint[]))
+    DELETE FROM job_running WHERE worker_id = :worker_id AND NOT (token = ANY(:tokens::bigint[]))
     RETURNING {_COLUMNS}
 ), {
     _back_to_queue(
         "orphans",
-        ripe_at="least(s.ripe_at, $3::timestamptz)",
+        ripe_at="least(s.ripe_at, :now::timestamptz)",
         attempts="s.attempts",
         error="s.last_error",
-        now="$3::timestamptz",
+        now=":now::timestamptz",
     )
 }
 SELECT count(*) FROM orphans
-"""
+""")
 
-# $1 now
-job_next_ripe_at = "SELECT min(ripe_at) FROM job WHERE ripe_at > $1"
+# When the next claim of these queues may find work: the earliest ripe_at
+# after now, or the moment a full rate window (`job_rate`) lets one more job start.
+job_next_ripe_at = Query("""
+SELECT least(
+    (SELECT min(n.ripe_at) FROM unnest(:queues::text[]) AS q(name) CROSS JOIN LATERAL (
+         SELECT ripe_at FROM job WHERE job.queue = q.name AND ripe_at > :now
+         ORDER BY ripe_at LIMIT 1) AS n),
+    (SELECT min(o.opens_at) FROM job_rate AS w JOIN job_queue AS jq ON jq.name = w.queue
+     CROSS JOIN LATERAL (
+         SELECT t + w.period AS opens_at FROM unnest(w.starts) AS t
+         ORDER BY t DESC
+         OFFSET CASE WHEN w.concurrency_key = '' THEN jq.rate_max_starts
+                     ELSE jq.key_rate_max_starts END - 1
+         LIMIT 1) AS o
+     WHERE w.queue = ANY(:queues::text[]) AND o.opens_at > :now)
+)
+""")
 
-# $1 now
-job_stats = """
+# Forget the rate windows whose claims are all older than their period, and a minute more: a
+# claim that read its clock up to a minute before this one's still finds the starts it counts.
+job_rate_prune = Query("""
+DELETE FROM job_rate
+WHERE starts[cardinality(starts)] <= :now::timestamptz - period - interval '1 minute'
+""")
+
+job_stats = Query("""
 SELECT job_type,
-       count(*) FILTER (WHERE state = 'queued' AND ripe_at <= $1) AS ripe,
-       count(*) FILTER (WHERE state = 'queued' AND ripe_at > $1) AS scheduled,
+       count(*) FILTER (WHERE state = 'queued' AND ripe_at <= :now) AS ripe,
+       count(*) FILTER (WHERE state = 'queued' AND ripe_at > :now) AS scheduled,
        count(*) FILTER (WHERE state = 'running') AS running,
        count(*) FILTER (WHERE state = 'dead') AS dead
 FROM (
@@ -266,76 +395,135 @@ FROM (
 ) AS jobs
 GROUP BY job_type
 ORDER BY job_type
-"""
+""")
 
 # -- the invariants' check (`jobq.check`): read-only, run in one REPEATABLE READ snapshot -------
 
-# $1 max ids returned. Jobs in more than one of job, job_running, job_dead.
-check_places = """
+# :max_sample: ids returned at most. Jobs in more than one of job, job_running, job_dead.
+check_places = Query("""
 WITH twice AS (
     SELECT id FROM job JOIN job_running USING (id)
     UNION SELECT id FROM job JOIN job_dead USING (id)
     UNION SELECT id FROM job_running JOIN job_dead USING (id)
 )
-SELECT count(*) AS violations, coalesce((array_agg(id ORDER BY id))[1:$1], '{}') AS sample
+SELECT count(*) AS violations,
+       coalesce((array_agg(id ORDER BY id))[1:(:max_sample)], '{}') AS sample
 FROM twice
-"""
+""")
 
-# $1 now, $2 heartbeat grace, $3 rescue grace, $4 max ids returned. Running jobs that no live
+# Running jobs that no live
 # worker holds and that the rescue should have returned more than `rescue grace` ago: their
 # lease expired, or their worker is dead (as the rescue judges it, `_ALIVE`) and its last sign
 # of life (heartbeat, or the claim when its row is gone) is that old.
-check_running = f"""
+check_running = Query(f"""
 WITH alive AS ({_ALIVE}
 ), overdue AS (
     SELECT r.id FROM job_running AS r LEFT JOIN worker AS w ON w.id = r.worker_id
-    WHERE r.lease_expires_at < $1::timestamptz - $3::interval
+    WHERE r.lease_expires_at < :now::timestamptz - :rescue_grace::interval
        OR (r.worker_id NOT IN (SELECT worker_id FROM alive)
-           AND coalesce(w.heartbeat_at, r.claimed_at) < $1::timestamptz - $3::interval)
+           AND coalesce(w.heartbeat_at, r.claimed_at)
+               < :now::timestamptz - :rescue_grace::interval)
 )
-SELECT count(*) AS violations, coalesce((array_agg(id ORDER BY id))[1:$4], '{{}}') AS sample
+SELECT count(*) AS violations,
+       coalesce((array_agg(id ORDER BY id))[1:(:max_sample)], '{{}}') AS sample
 FROM overdue
-"""
+""")
 
-# $1 max ids returned. Queued or running jobs past their last attempt (they belong in job_dead).
-check_attempts = """
+# Queued or running jobs past their last attempt (they belong in job_dead).
+check_attempts = Query("""
 WITH over AS (
     SELECT id FROM job WHERE attempts > max_retries
     UNION ALL SELECT id FROM job_running WHERE attempts > max_retries
 )
-SELECT count(*) AS violations, coalesce((array_agg(id ORDER BY id))[1:$1], '{}') AS sample
+SELECT count(*) AS violations,
+       coalesce((array_agg(id ORDER BY id))[1:(:max_sample)], '{}') AS sample
 FROM over
-"""
+""")
 
-# $1 now, $2 heartbeat grace. Jobs per state, and workers alive or not (as the rescue judges).
-check_counts = f"""
+# Running jobs of a queue or a key that has more running than its concurrency limit allows
+# (the claim never lets that happen; lowering a limit does, until the jobs over it end).
+check_limits = Query("""
+WITH counted AS (
+    SELECT r.id, q.max_running, q.max_running_per_key, r.concurrency_key,
+           count(*) OVER (PARTITION BY r.queue) AS in_queue,
+           count(*) OVER (PARTITION BY r.queue, r.concurrency_key) AS in_key
+    FROM job_running AS r JOIN job_queue AS q ON q.name = r.queue
+    WHERE q.max_running IS NOT NULL OR q.max_running_per_key IS NOT NULL
+), over AS (
+    SELECT id FROM counted
+    WHERE in_queue > max_running
+       OR (concurrency_key IS NOT NULL AND in_key > max_running_per_key)
+)
+SELECT count(*) AS violations,
+       coalesce((array_agg(id ORDER BY id))[1:(:max_sample)], '{}') AS sample
+FROM over
+""")
+
+# Jobs per state, and workers alive or not (as the rescue judges).
+check_counts = Query(f"""
 WITH alive AS ({_ALIVE}
 )
-SELECT (SELECT count(*) FROM job WHERE ripe_at <= $1) AS queued_ripe,
-       (SELECT count(*) FROM job WHERE ripe_at > $1) AS queued_scheduled,
+SELECT (SELECT count(*) FROM job WHERE ripe_at <= :now) AS queued_ripe,
+       (SELECT count(*) FROM job WHERE ripe_at > :now) AS queued_scheduled,
        (SELECT count(*) FROM job_running) AS running,
-       (SELECT count(*) FROM job_running WHERE lease_expires_at < $1) AS running_lease_expired,
+       (SELECT count(*) FROM job_running WHERE lease_expires_at < :now) AS running_lease_expired,
        (SELECT count(*) FROM job_dead) AS dead,
        (SELECT count(*) FROM worker WHERE id IN (SELECT worker_id FROM alive)) AS workers_alive,
        (SELECT count(*) FROM worker WHERE id NOT IN (SELECT worker_id FROM alive)) AS workers_dead
-"""
+""")
 
 # -- what pins the vacuum horizon (`/jobs/stats`) ---------------------------------------------
 
-# $1 now. Age of the oldest transaction open in this database, other than the caller's: while
+# Age of the oldest transaction open in this database, other than the caller's: while
 # it lasts, vacuum can remove no row deleted after it began, so the queue tables' dead tuples
 # pile up (a claim then steps over them).
-job_stats_oldest_transaction = """
-SELECT greatest(0, extract(epoch FROM $1::timestamptz - min(xact_start)))::float8
+job_stats_oldest_transaction = Query("""
+SELECT greatest(0, extract(epoch FROM :now::timestamptz - min(xact_start)))::float8
 FROM pg_stat_activity
 WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL
-"""
+""")
 
 # Live and dead tuples of the queue tables (as the statistics collector last heard), and their
 # last autovacuum.
-job_stats_tables = """
+job_stats_tables = Query("""
 SELECT relname AS table, n_live_tup, n_dead_tup, last_autovacuum AS last_autovacuum_at
 FROM pg_stat_user_tables
 WHERE relname IN ('job', 'job_running', 'job_dead') AND schemaname = current_schema()
 ORDER BY relname
-"""
+""")
+
+# -- queues -----------------------------------------------------------------------------------
+
+# Arrays, one item per queue (NULL: no such limit). A queue's limits as its code
+# declares them; its paused state is left as it is. Names sorted: concurrent starts never deadlock.
+job_queue_declare = Query("""
+INSERT INTO job_queue AS q (name, max_running, max_running_per_key, rate_max_starts, rate_period,
+                            key_rate_max_starts, key_rate_period)
+SELECT * FROM unnest(:names::text[], :max_running::int[], :max_running_per_key::int[],
+                     :rate_max_starts::int[], :rate_periods::interval[],
+                     :key_rate_max_starts::int[], :key_rate_periods::interval[]) AS u
+ORDER BY 1
+ON CONFLICT (name) DO UPDATE
+SET max_running = EXCLUDED.max_running, max_running_per_key = EXCLUDED.max_running_per_key,
+    rate_max_starts = EXCLUDED.rate_max_starts, rate_period = EXCLUDED.rate_period,
+    key_rate_max_starts = EXCLUDED.key_rate_max_starts, key_rate_period = EXCLUDED.key_rate_period
+WHERE (q.max_running, q.max_running_per_key, q.rate_max_starts, q.rate_period,
+       q.key_rate_max_starts, q.key_rate_period)
+      IS DISTINCT FROM (EXCLUDED.max_running, EXCLUDED.max_running_per_key,
+                        EXCLUDED.rate_max_starts, EXCLUDED.rate_period,
+                        EXCLUDED.key_rate_max_starts, EXCLUDED.key_rate_period)
+""")
+
+# Returns the name, or no row for an unknown queue.
+job_queue_pause = Query("UPDATE job_queue SET paused = :paused WHERE name = :name RETURNING name")
+
+# Every queue with its state, limits and jobs (ripe, scheduled, running).
+job_queue_list = Query("""
+SELECT q.name, q.paused, q.max_running, q.max_running_per_key, q.rate_max_starts, q.rate_period,
+       q.key_rate_max_starts, q.key_rate_period,
+       (SELECT count(*) FROM job WHERE job.queue = q.name AND ripe_at <= :now) AS ripe,
+       (SELECT count(*) FROM job WHERE job.queue = q.name AND ripe_at > :now) AS scheduled,
+       (SELECT count(*) FROM job_running AS r WHERE r.queue = q.name) AS running
+FROM job_queue AS q
+ORDER BY q.name
+""")

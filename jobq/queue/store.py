@@ -7,7 +7,7 @@ worker's operations take an explicit connection and run as single autocommit sta
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -22,8 +22,12 @@ from jobq.db import (
 )
 from jobq.db import conn as current_conn
 from jobq.queue import sql
-from jobq.queue.model import ClaimedJob, Enqueued, Job, Outcome
+from jobq.queue.model import ClaimedJob, Enqueued, Job, Outcome, Verdict
 from jobq.queue.notify import notifier
+from jobq.queue.registry import DEFAULT_QUEUE, QueueSpec, Registry, registry
+
+Slots = int | Mapping[str, int]
+"""Free slots to claim into: per queue, or an int for the `default` queue alone."""
 
 wakeups: set[asyncio.Event] = set()
 """Wake-up events of the workers of this process; set when a transaction that enqueued commits."""
@@ -52,7 +56,7 @@ def wake_workers_after_commit() -> None:
         tx.after_commit.append(_wake_workers_of_this_transaction)
 
 
-async def enqueue(job: Job) -> Enqueued:
+async def enqueue(job: Job, *, handlers: Registry = registry) -> Enqueued:
     """Queue `job` in the transaction in progress and return its id; outside a transaction its
     one statement runs alone (autocommit: one round trip).
 
@@ -60,25 +64,38 @@ async def enqueue(job: Job) -> Enqueued:
     inserted and that job's id is returned with `duplicate=True`. Workers are woken once per
     transaction, after its commit (`wake_workers`): by a `NOTIFY jobq` sent then and, in this
     process, by an event. A job already running does not count as a duplicate and never
-    makes this wait.
+    makes this wait. `handlers` tells a job that names no `queue` or `max_retries` its
+    handler's (default: the process's registry).
     Raises: `asyncpg.PostgresError` on database errors.
     """
     if current_transaction() is not None:
-        return await _enqueue(current_conn(), job)
+        return await _enqueue(current_conn(), job, handlers)
     async with current_database().pool.acquire() as conn:
-        return await _enqueue(conn, job)
+        return await _enqueue(conn, job, handlers)
 
 
-async def _enqueue(conn: Connection, job: Job) -> Enqueued:
+def queue_of(job: Job, handlers: Registry = registry) -> str:
+    """The queue `job` goes to: its own `queue`, else its handler's, else `default`."""
+    return job.queue if job.queue is not None else handlers.queue_of(job.job_type)
+
+
+def max_retries_of(job: Job, handlers: Registry = registry) -> int:
+    """`job`'s retries: its own `max_retries`, else its handler's, else the default (5)."""
+    return job.max_retries if job.max_retries is not None else handlers.max_retries_of(job.job_type)
+
+
+async def _enqueue(conn: Connection, job: Job, handlers: Registry) -> Enqueued:
     for _ in range(3):
-        row = await conn.fetchrow(
-            sql.job_enqueue,
-            job.job_type,
-            job.arguments,
-            job.ripe_at,
-            job.priority,
-            job.max_retries,
-            clock.now(),
+        row = await sql.job_enqueue.fetchrow(
+            conn,
+            job_type=job.job_type,
+            arguments=job.arguments,
+            ripe_at=job.ripe_at,
+            priority=job.priority,
+            max_retries=max_retries_of(job, handlers),
+            now=clock.now(),
+            queue=queue_of(job, handlers),
+            concurrency_key=job.concurrency_key,
         )
         if row is not None:
             break
@@ -92,7 +109,7 @@ async def _enqueue(conn: Connection, job: Job) -> Enqueued:
 
 
 @write_transaction
-async def enqueue_many(jobs: Iterable[Job]) -> list[int]:
+async def enqueue_many(jobs: Iterable[Job], *, handlers: Registry = registry) -> list[int]:
     """Queue many jobs in one statement; return the ids of those that were not duplicates.
 
     Joins the transaction in progress like `enqueue`. Duplicates (of queued jobs or within
@@ -102,45 +119,62 @@ async def enqueue_many(jobs: Iterable[Job]) -> list[int]:
     if not batch:
         return []
     conn = current_conn()
-    rows = await conn.fetch(
-        sql.job_enqueue_many,
-        [j.job_type for j in batch],
-        [json_arg(j.arguments) for j in batch],
-        [j.ripe_at for j in batch],
-        [j.priority for j in batch],
-        [j.max_retries for j in batch],
-        clock.now(),
+    rows = await sql.job_enqueue_many.fetch(
+        conn,
+        job_types=[j.job_type for j in batch],
+        arguments=[json_arg(j.arguments) for j in batch],
+        ripe_ats=[j.ripe_at for j in batch],
+        priorities=[j.priority for j in batch],
+        max_retries=[max_retries_of(j, handlers) for j in batch],
+        now=clock.now(),
+        queues=[queue_of(j, handlers) for j in batch],
+        concurrency_keys=[j.concurrency_key for j in batch],
     )
     if rows:
         wake_workers_after_commit()
     return [r["id"] for r in rows]
 
 
-def _outcome_args(outcomes: Sequence[Outcome], now: datetime) -> list[Any]:
-    """The parameters $1..$8 of `sql._RECORD` for `outcomes`."""
+def _outcome_args(outcomes: Sequence[Outcome], now: datetime) -> dict[str, Any]:
+    """The parameters of `sql._RECORD` for `outcomes`."""
     completed: list[int] = []
-    requeued: tuple[list[int], list[datetime], list[str | None], list[int]] = ([], [], [], [])
+    requeued: tuple[list[int], list[datetime | None], list[str | None], list[int]] = (
+        [],
+        [],
+        [],
+        [],
+    )
     buried: tuple[list[int], list[str | None]] = ([], [])
     for o in outcomes:
-        if o.kind == "complete":
+        if o.verdict is Verdict.COMPLETE:
             completed.append(o.token)
-        elif o.kind == "bury":
+        elif o.verdict is Verdict.BURY:
             buried[0].append(o.token)
             buried[1].append(o.error)
         else:
             requeued[0].append(o.token)
-            requeued[1].append(o.ripe_at if o.ripe_at is not None else now)
-            requeued[2].append(o.error if o.kind == "retry" else None)
-            requeued[3].append(1 if o.kind == "retry" else 0)
-    return [completed, *requeued, *buried, now]
+            requeued[1].append(None if o.verdict is Verdict.RELEASE else o.ripe_at or now)
+            requeued[2].append(o.error if o.verdict is Verdict.RETRY else None)
+            requeued[3].append(1 if o.verdict is Verdict.RETRY else 0)
+    return {
+        "completed": completed,
+        "failed": requeued[0],
+        "failed_ripe_ats": requeued[1],
+        "failed_errors": requeued[2],
+        "failed_charges": requeued[3],
+        "buried": buried[0],
+        "buried_errors": buried[1],
+        "now": now,
+    }
 
 
 async def claim(
-    conn: Connection, *, worker_id: int, max_jobs: int, now: datetime, lease_expires_at: datetime
+    conn: Connection, *, worker_id: int, max_jobs: Slots, now: datetime, lease_expires_at: datetime
 ) -> list[ClaimedJob]:
-    """Move up to `max_jobs` ripe jobs (`ripe_at <= now`) from `job` to `job_running` in one
-    statement (highest priority, then earliest ripe_at; rows locked by another claim are
-    skipped) and return them, each with a new fencing token."""
+    """Move ripe jobs (`ripe_at <= now`) from `job` to `job_running` in one statement, up to
+    `max_jobs` of each queue (an int: of `default`), and return them, each with a new fencing
+    token. Per queue: highest priority, then earliest ripe_at; rows locked by another claim are
+    skipped; paused queues are skipped; queues with limits take no more than these allow."""
     jobs, _ = await record_and_claim(
         conn, [], worker_id=worker_id, max_jobs=max_jobs, now=now, lease_expires_at=lease_expires_at
     )
@@ -152,7 +186,7 @@ async def record_and_claim(
     outcomes: Sequence[Outcome],
     *,
     worker_id: int,
-    max_jobs: int,
+    max_jobs: Slots,
     now: datetime,
     lease_expires_at: datetime,
 ) -> tuple[list[ClaimedJob], set[int]]:
@@ -162,11 +196,18 @@ async def record_and_claim(
 
     Raises: `asyncpg.PostgresError` (then nothing happened).
     """
-    claiming = (max_jobs, worker_id, lease_expires_at)
-    if all(o.kind == "complete" for o in outcomes):
-        rows = await conn.fetch(sql.job_claim, [o.token for o in outcomes], now, *claiming)
+    slots = {DEFAULT_QUEUE: max_jobs} if isinstance(max_jobs, int) else max_jobs
+    claiming = {
+        "queues": list(slots),
+        "slots": list(slots.values()),
+        "worker_id": worker_id,
+        "lease_expires_at": lease_expires_at,
+    }
+    if all(o.verdict is Verdict.COMPLETE for o in outcomes):
+        completed = [o.token for o in outcomes]
+        rows = await sql.job_claim.fetch(conn, completed=completed, now=now, **claiming)
     else:
-        rows = await conn.fetch(sql.job_claim_recording, *_outcome_args(outcomes, now), *claiming)
+        rows = await sql.job_claim_recording.fetch(conn, **_outcome_args(outcomes, now), **claiming)
     jobs = [
         ClaimedJob(
             id=r["id"],
@@ -177,6 +218,8 @@ async def record_and_claim(
             token=r["token"],
             ripe_at=r["ripe_at"],
             claimed_at=r["claimed_at"],
+            queue=r["queue"],
+            concurrency_key=r["concurrency_key"],
         )
         for r in rows
         if r["id"] is not None
@@ -192,36 +235,8 @@ async def record(conn: Connection, outcomes: Sequence[Outcome], *, now: datetime
     `now` (aware UTC) stamps `died_at` of buried and merged jobs.
     Raises: `asyncpg.PostgresError` on database errors (then nothing is recorded).
     """
-    rows = await conn.fetch(sql.job_record, *_outcome_args(outcomes, now))
+    rows = await sql.job_record.fetch(conn, **_outcome_args(outcomes, now))
     return {r["token"] for r in rows}
-
-
-async def complete(conn: Connection, tokens: list[int]) -> int:
-    """Record the success of the jobs claimed with `tokens`: they leave `job_running`.
-    Return how many were still held (a rescued job's stale token matches nothing)."""
-    outcomes = [Outcome(token, "complete") for token in tokens]
-    return len(await record(conn, outcomes, now=clock.now()))
-
-
-async def retry(
-    conn: Connection, token: int, *, ripe_at: datetime, error: str, now: datetime
-) -> bool:
-    """Record a failed attempt: back to `job` with one more attempt, `ripe_at` and `error`
-    (merged into an identical job queued meanwhile, if any; see `sql._back_to_queue`).
-    Return False when the token is stale (the job was rescued meanwhile)."""
-    return bool(await record(conn, [Outcome(token, "retry", ripe_at, error)], now=now))
-
-
-async def release(conn: Connection, token: int, *, now: datetime) -> bool:
-    """Put a claimed job back in `job`, ripe at `now`, without charging an attempt (used when a
-    worker stops). Return False when the token is stale."""
-    return bool(await record(conn, [Outcome(token, "release", now)], now=now))
-
-
-async def bury(conn: Connection, token: int, *, now: datetime, error: str) -> bool:
-    """Move a claimed job to the dead letter (`job_dead`) with `error`, charging the attempt.
-    Return False when the token is stale."""
-    return bool(await record(conn, [Outcome(token, "bury", error=error)], now=now))
 
 
 async def rescue(conn: Connection, *, now: datetime, heartbeat_grace: timedelta) -> int:
@@ -233,8 +248,8 @@ async def rescue(conn: Connection, *, now: datetime, heartbeat_grace: timedelta)
     heartbeat is older than `heartbeat_grace` (a worker whose listener alone dropped keeps its
     jobs while it reconnects). Hung: its leases expired before `now`.
     """
-    count: int = await conn.fetchval(
-        sql.job_rescue, now, heartbeat_grace, "worker lost while running the job"
+    count: int = await sql.job_rescue.fetchval(
+        conn, now=now, heartbeat_grace=heartbeat_grace, error="worker lost while running the job"
     )
     return count
 
@@ -246,19 +261,66 @@ async def release_orphans(
     not in `held`: claims that committed while their answer was lost with the connection, so
     the worker never started them. They keep their place and no attempt is charged (merged into
     a queued twin if any, as on a release). Return how many. Call it with no claim in flight."""
-    count: int = await conn.fetchval(sql.job_release_orphans, worker_id, list(held), now)
+    count: int = await sql.job_release_orphans.fetchval(
+        conn, worker_id=worker_id, tokens=list(held), now=now
+    )
     return count
 
 
-async def next_ripe_at(conn: Connection, *, now: datetime) -> datetime | None:
-    """Return the earliest `ripe_at` after `now` among queued jobs, or None."""
-    value: datetime | None = await conn.fetchval(sql.job_next_ripe_at, now)
+async def next_ripe_at(
+    conn: Connection, *, now: datetime, queues: Sequence[str] = (DEFAULT_QUEUE,)
+) -> datetime | None:
+    """Return when a claim of `queues` may next find work after `now`: the earliest `ripe_at`
+    after `now` of their queued jobs, or the moment a full rate window of theirs lets one more
+    job start, whichever comes first; None when neither exists."""
+    value: datetime | None = await sql.job_next_ripe_at.fetchval(conn, now=now, queues=list(queues))
     return value
+
+
+async def prune_rates(conn: Connection, *, now: datetime) -> int:
+    """Forget the rate windows (`job_rate`) whose claims are all older than their period at
+    `now`; return how many."""
+    status = await sql.job_rate_prune.execute(conn, now=now)
+    return int(status.split()[-1])
+
+
+async def declare_queues(conn: Connection, specs: Iterable[QueueSpec]) -> None:
+    """Write the limits of `specs` to `job_queue` (creating the queues unknown there), leaving
+    their paused state as it is. Raises: `asyncpg.PostgresError`."""
+    ordered = sorted(specs, key=lambda q: q.name)
+    await sql.job_queue_declare.execute(
+        conn,
+        names=[q.name for q in ordered],
+        max_running=[q.max_running for q in ordered],
+        max_running_per_key=[q.max_running_per_key for q in ordered],
+        rate_max_starts=[q.rate.max_starts if q.rate else None for q in ordered],
+        rate_periods=[q.rate.period if q.rate else None for q in ordered],
+        key_rate_max_starts=[
+            q.rate_per_key.max_starts if q.rate_per_key else None for q in ordered
+        ],
+        key_rate_periods=[q.rate_per_key.period if q.rate_per_key else None for q in ordered],
+    )
+
+
+async def pause_queue(conn: Connection, name: str, *, paused: bool) -> bool:
+    """Pause (`paused=True`) or resume queue `name` for every worker: a paused queue is
+    claimed by none (its running jobs finish; enqueueing still works). A resume wakes the
+    workers after the caller's commit. Return False for an unknown queue."""
+    found = await sql.job_queue_pause.fetchval(conn, name=name, paused=paused) is not None
+    if found and not paused:
+        wake_workers_after_commit()
+    return found
+
+
+async def list_queues(conn: Connection, *, now: datetime) -> list[dict[str, Any]]:
+    """Return every queue by name: `paused`, its limits (None: none; periods as timedelta),
+    and its jobs `ripe` and `scheduled` (queued, ripe by `now` or not) and `running`."""
+    return [dict(r) for r in await sql.job_queue_list.fetch(conn, now=now)]
 
 
 async def stats(conn: Connection, *, now: datetime) -> list[dict[str, Any]]:
     """Return per job type: `ripe` and `scheduled` queued jobs, `running`, `dead`."""
-    return [dict(r) for r in await conn.fetch(sql.job_stats, now)]
+    return [dict(r) for r in await sql.job_stats.fetch(conn, now=now)]
 
 
 async def vacuum_stats(conn: Connection, *, now: datetime) -> dict[str, Any]:
@@ -267,6 +329,6 @@ async def vacuum_stats(conn: Connection, *, now: datetime) -> dict[str, Any]:
     ours (None when there is none), and `tables`: per queue table (`job`, `job_dead`,
     `job_running`) `n_live_tup`, `n_dead_tup` and `last_autovacuum_at` (None if never), from
     `pg_stat_user_tables`, which lags the tables by up to a second or so."""
-    oldest: float | None = await conn.fetchval(sql.job_stats_oldest_transaction, now)
-    tables = [dict(r) for r in await conn.fetch(sql.job_stats_tables)]
+    oldest: float | None = await sql.job_stats_oldest_transaction.fetchval(conn, now=now)
+    tables = [dict(r) for r in await sql.job_stats_tables.fetch(conn)]
     return {"oldest_transaction_s": oldest, "tables": tables}

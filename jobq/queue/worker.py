@@ -1,11 +1,13 @@
 """The worker: claims ripe jobs into free slots, runs them, records outcomes, rescues the lost.
 
-One `Worker` per process, with `max_concurrent_jobs` slots. Its listener connection LISTENs on
-`jobq` and holds the session advisory lock (`WORKER_LOCK_CLASS`, worker id) that tells every
-other worker this one is alive: when the process dies, PostgreSQL drops the session and the
-lock, and the next rescue (every `rescue_interval`, in every worker) returns its jobs to the
-queue. A worker that is connected but hung stops heartbeating, its leases expire, and its jobs
-are rescued too. Every outcome names the job's fencing token, so a stale worker changes nothing.
+One `Worker` per process. It serves a set of queues, each with its own slots (`Slots`):
+`Settings.queues`, or every declared queue. One claim fills the free slots of all of them. Its
+listener connection LISTENs on `jobq` and holds the session advisory lock (`WORKER_LOCK_CLASS`,
+worker id) that tells every other worker this one is alive: when the process dies, PostgreSQL
+drops the session and the lock, and the next rescue (every `rescue_interval`, in every worker)
+returns its jobs to the queue. A worker that is connected but hung stops heartbeating, its
+leases expire, and its jobs are rescued too. Every outcome names the job's fencing token, so a
+stale worker changes nothing.
 
 Wake-ups: a notification, an in-process event after an enqueue commits here, a slot freed,
 the timer at the next `ripe_at`, the poll interval (the safety net), and stop.
@@ -24,7 +26,7 @@ import logging
 import os
 import socket
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any
@@ -37,8 +39,10 @@ from jobq.db import Connection, Database
 from jobq.queue import notify, sql, store
 from jobq.queue.acker import Acker
 from jobq.queue.executor import Executor, describe
+from jobq.queue.maintenance import Service, rescuer
 from jobq.queue.model import ClaimedJob
 from jobq.queue.registry import Registry, registry
+from jobq.queue.slots import Slots, has_limits, served_queues
 
 log = logging.getLogger("jobq.worker")
 
@@ -72,10 +76,21 @@ class Worker:
         self._claimed_up_to: datetime | None = None
         """The time of the last round's claim: jobs ripe by then were claimed or locked."""
         self._tasks: dict[asyncio.Task[None], ClaimedJob] = {}
-        self._held: set[int] = set()
-        """Tokens of the jobs this worker holds: running, or their outcome not recorded yet."""
+        self.slots = Slots(served_queues(settings, handlers))
+        self._limited: set[str] = set()
+        """Served queues with limits: their claims may be held back by jobs still running."""
+        self._recheck = False
+        """The last claim recorded outcomes of limited queues: claim again (it frees capacity
+        that the same statement could not see)."""
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.acker = Acker(database, settings, self.counts, self._held.discard)
+        self.acker = Acker(
+            database,
+            settings,
+            self.counts,
+            self.slots.release,
+            limited=lambda job: job.queue in self._limited,
+        )
+        self._rescuer = rescuer(database, settings)
         self.executor = Executor(settings, handlers, self.state, self.acker)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -86,14 +101,18 @@ class Worker:
         Raises: `OSError` / `asyncpg.PostgresError` when the database cannot be reached.
         """
         self._loop = asyncio.get_running_loop()
+        specs = self.handlers.queues()
+        self._limited = {n for n in self.slots.capacity if has_limits(specs[n])}
+        async with self.database.pool.acquire() as conn:
+            await store.declare_queues(conn, specs.values())
         await self._connect()
         assert self.id is not None
         self.executor.open(self.id)
         store.wakeups.add(self._wake)
         log.info(
-            "worker %s started: %d slots, %d threads",
+            "worker %s started: queues %s, %d threads",
             self.id,
-            self.settings.max_concurrent_jobs,
+            ", ".join(f"{n}:{k}" for n, k in self.slots.capacity.items()),
             self.settings.max_threads,
         )
 
@@ -101,18 +120,20 @@ class Worker:
         # The claims run here too: a worker claims only while it holds its liveness lock. Their
         # statement is planned once (a generic plan): planning it anew each time costs more
         # than running it; tests read both plans (tests/queue/test_explain.py).
+        # A session of its own: straight to the server when the pool goes through a pooler.
         conn = await db.connect(
-            self.database.dsn,
-            server_settings={"plan_cache_mode": "force_generic_plan"},
+            self.database.direct_dsn,
+            # JIT compiling the claim (its estimates can look big) costs far more than running it
+            server_settings={"plan_cache_mode": "force_generic_plan", "jit": "off"},
             command_timeout=self.settings.db_command_timeout.total_seconds(),
         )
         try:
             if self.id is None:
-                self.id = await conn.fetchval(sql.worker_next_id)
-            if not await conn.fetchval(sql.worker_lock, sql.WORKER_LOCK_CLASS, self.id):
+                self.id = await sql.worker_next_id.fetchval(conn)
+            if not await sql.worker_lock.fetchval(conn, worker_id=self.id):
                 raise RuntimeError(f"worker id {self.id} is locked by another session")
-            await conn.execute(
-                sql.worker_register, self.id, socket.gethostname(), os.getpid(), clock.now()
+            await sql.worker_register.execute(
+                conn, worker_id=self.id, host=socket.gethostname(), pid=os.getpid(), now=clock.now()
             )
             await conn.add_listener(notify.CHANNEL, self._on_notify)
             conn.add_termination_listener(self._on_listener_lost)
@@ -137,9 +158,9 @@ class Worker:
 
     @property
     def free_slots(self) -> int:
-        """Slots not taken by a claimed job: running, or its outcome not recorded yet. So this
-        worker never holds more rows of `job_running` than it has slots."""
-        return self.settings.max_concurrent_jobs - len(self._tasks) - self.acker.pending
+        """Slots (of all queues) not taken by a claimed job: running, or its outcome not
+        recorded yet."""
+        return self.slots.num_free
 
     @property
     def running(self) -> int:
@@ -153,20 +174,24 @@ class Worker:
         """
         if self._loop is None:
             await self.start()
+        stopped = asyncio.Event()  # the services outlive the drain: the heartbeat keeps leases
         services = [
-            asyncio.create_task(self._repeat(self.heartbeat, self.settings.heartbeat_interval)),
-            asyncio.create_task(self._repeat(self.rescue, self.settings.rescue_interval)),
-            asyncio.create_task(self._watch(stop)),
+            asyncio.create_task(s.run(stopped), context=contextvars.Context())
+            for s in (
+                Service("heartbeat", self.settings.heartbeat_interval, self.heartbeat),
+                self._rescuer,
+            )
         ]
+        watch = asyncio.create_task(self._watch(stop))
         poll = self.settings.poll_interval.total_seconds()
-        self.acker.deferred = True  # the claims take the outcomes of finished jobs with them
+        self.acker.defer()  # the claims take the outcomes of finished jobs with them
         try:
             while not self._stopping.is_set():
                 self._wake.clear()
                 try:
                     claimed = await self.run_once()
-                    if claimed and self.free_slots > 0:
-                        continue  # more may be ripe
+                    if (claimed or self._recheck) and self.free_slots > 0:
+                        continue  # more may be ripe, or a limit freed
                     timeout = poll if self.free_slots <= 0 else await self._idle_timeout()
                 except Exception as exc:
                     log.warning("worker %s: claim failed (%s); retrying", self.id, describe(exc))
@@ -174,9 +199,10 @@ class Worker:
                 await self._nap(timeout)
         finally:
             await self.stop()  # the heartbeat goes on extending leases while jobs drain
-            for task in services:
-                task.cancel()
-            await asyncio.gather(*services, return_exceptions=True)
+            stopped.set()
+            for task in (*services, watch):
+                task.cancel()  # a round in flight (the database may be down) ends now
+            await asyncio.gather(*services, watch, return_exceptions=True)
 
     async def _watch(self, stop: asyncio.Event) -> None:
         await stop.wait()
@@ -190,15 +216,6 @@ class Worker:
         except TimeoutError:
             pass
 
-    async def _repeat(self, once: Callable[[], Awaitable[int]], every: timedelta) -> None:
-        """Call `once` every `every` until cancelled (after the worker has stopped)."""
-        while True:
-            try:
-                await once()
-            except Exception as exc:
-                log.warning("worker %s: %s failed (%s)", self.id, once.__name__, describe(exc))
-            await asyncio.sleep(every.total_seconds())
-
     async def _idle_timeout(self) -> float:
         """Seconds until the next job ripens, at most the poll interval.
 
@@ -208,8 +225,9 @@ class Worker:
         """
         poll = self.settings.poll_interval.total_seconds()
         now = clock.now()
+        queues = [name for name, free in self.slots.free().items() if free > 0]
         async with self.database.pool.acquire() as conn:
-            upcoming = await store.next_ripe_at(conn, now=self._claimed_up_to or now)
+            upcoming = await store.next_ripe_at(conn, now=self._claimed_up_to or now, queues=queues)
         if upcoming is None:
             return poll
         return max(0.0, min(poll, (upcoming - now).total_seconds()))
@@ -239,10 +257,7 @@ class Worker:
         self._wake.set()
         async with self._claim_lock:
             pass  # a claim in flight starts its jobs first; they are cancelled below
-        for task in list(self._tasks):
-            if task in self.executor.in_handler:
-                task.cancel()
-        if len(self._tasks) > len(self.executor.in_handler):
+        if len(self._tasks) > self.executor.cancel_handlers():
             log.warning(
                 "worker %s: waiting for jobs running in threads (they cannot be cancelled)", self.id
             )
@@ -253,7 +268,7 @@ class Worker:
         if self.id is not None:
             try:
                 async with self.database.pool.acquire() as conn:
-                    await conn.execute(sql.worker_unregister, self.id)
+                    await sql.worker_unregister.execute(conn, worker_id=self.id)
             except Exception as exc:
                 log.warning("worker %s: could not unregister (%s)", self.id, describe(exc))
         if self._listener is not None:
@@ -281,8 +296,10 @@ class Worker:
             self._claimed_up_to = None
             batch = self.acker.take()
             claiming = not self._stopping.is_set() and self.alive and self.id is not None
-            free = self.free_slots + len(batch) if claiming else 0
-            if not batch and free <= 0:
+            free = self.slots.free([job for job, _ in batch]) if claiming else {}
+            free = {name: n for name, n in free.items() if n > 0}
+            self._recheck = False
+            if not batch and not free:
                 return 0
             now = clock.now()
             try:
@@ -306,7 +323,8 @@ class Worker:
                     listener.terminate()
                 raise
             self.acker.settle(batch, recorded)
-            if free > 0:
+            self._recheck = bool(free) and any(job.queue in self._limited for job, _ in batch)
+            if free:
                 self._claimed_up_to = now
             for job in jobs:
                 self._start(job)
@@ -329,8 +347,12 @@ class Worker:
         were extended."""
         now = clock.now()
         async with self.database.pool.acquire() as conn:
-            status = await conn.execute(
-                sql.worker_heartbeat, self.id, now, now + self.settings.lease, list(self._held)
+            status = await sql.worker_heartbeat.execute(
+                conn,
+                worker_id=self.id,
+                now=now,
+                lease_expires_at=now + self.settings.lease,
+                tokens=self.slots.tokens,
             )
         if not self.alive and not self._stopping.is_set():
             await self._connect()
@@ -345,22 +367,16 @@ class Worker:
         assert self.id is not None
         async with self._claim_lock, self.database.pool.acquire() as conn:
             count = await store.release_orphans(
-                conn, worker_id=self.id, held=list(self._held), now=clock.now()
+                conn, worker_id=self.id, held=self.slots.tokens, now=clock.now()
             )
         if count:
             log.warning("worker %s: %d claimed jobs never reached it; released", self.id, count)
             store.wake_workers(self.database)
 
     async def rescue(self) -> int:
-        """Return the jobs of dead or hung workers (any worker's) to the queue; return how many."""
-        async with self.database.pool.acquire() as conn:
-            count = await store.rescue(
-                conn, now=clock.now(), heartbeat_grace=self.settings.heartbeat_grace
-            )
-        if count:
-            log.warning("rescued %d jobs of dead or hung workers", count)
-            store.wake_workers(self.database)
-        return count
+        """One round of this worker's rescuer (`jobq.queue.maintenance.rescuer`); return how
+        many jobs were rescued."""
+        return await self._rescuer.run_once()
 
     # -- running one job -------------------------------------------------------------------
 
@@ -370,7 +386,7 @@ class Worker:
         context.run(db.bind, self.database)
         task = self._loop.create_task(self.executor.execute(job), context=context)
         self._tasks[task] = job
-        self._held.add(job.token)
+        self.slots.take(job)
         task.add_done_callback(self._on_done)
 
     def _on_done(self, task: asyncio.Task[None]) -> None:

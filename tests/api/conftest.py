@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
@@ -13,14 +12,15 @@ from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 import httpx
 import pytest
 from freezegun import freeze_time
-from hypercorn.asyncio import serve
-from hypercorn.config import Config
 
 from jobq import db
 from jobq.app import create_app
 from jobq.config import Settings
 from jobq.db import Database
+from jobq.domain.webhooks import webhook_client
+from jobq.jobs.reminders import webhook_timeout
 from jobq.queue import Worker, registry
+from tests.toolkit.served import served
 
 # -- the admin endpoints ---------------------------------------------------------------------------
 
@@ -41,9 +41,7 @@ async def run_jobs(
     """`await run_jobs(at=None)`: one worker with the app's handlers and state claims the jobs
     ripe at `at` (the clock frozen there; default: now), runs them to their recorded outcome,
     and returns how many it claimed."""
-    async with httpx.AsyncClient(
-        timeout=settings.webhook_timeout.total_seconds(), follow_redirects=False
-    ) as http:
+    async with webhook_client(settings, webhook_timeout(settings)) as http:
         worker = await make_worker(registry, state={"settings": settings, "http": http})
 
         async def run(at: datetime | None = None) -> int:
@@ -155,19 +153,11 @@ async def db_proxy(database_url: str) -> AsyncIterator[DatabaseProxy]:
 async def served_http(settings: Settings, database: Database) -> AsyncIterator[httpx.AsyncClient]:
     """An httpx client of the app (the test's `settings`) served by hypercorn on an ephemeral
     port of 127.0.0.1: for what only a real client sends (Content-Length, chunked bodies)."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)  # connections made before hypercorn accepts wait in the backlog
-    port = sock.getsockname()[1]
-    config = Config()
-    config.bind = [f"fd://{sock.detach()}"]
-    config.accesslog = None
-    stop = asyncio.Event()
-    server = asyncio.create_task(serve(create_app(settings), config, shutdown_trigger=stop.wait))
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+        async with (
+            served(create_app(settings)) as url,
+            httpx.AsyncClient(base_url=url, timeout=10) as client,
+        ):
             yield client
     finally:
-        stop.set()
-        await server
         db.bind(database)

@@ -6,6 +6,8 @@ from typing import Any
 
 from quart.typing import TestClientProtocol as Client
 
+from tests.keyed_client import KeyedClient
+
 JSON = dict[str, Any]
 
 
@@ -41,3 +43,19 @@ def error_locs(body: JSON) -> list[tuple[Any, ...]]:
     assert isinstance(detail, list)
     assert detail, "a validation error lists at least one error"
     return [tuple(e["loc"]) for e in detail]
+
+
+def without_key(user: JSON) -> JSON:
+    """A created user (`POST /users` answer) as `GET /users/<id>` shows it: without its key."""
+    return {k: v for k, v in user.items() if k not in ("api_key", "api_key_id")}
+
+
+def bearer(key: str) -> dict[str, str]:
+    """The headers of a request with API key `key`."""
+    return {"Authorization": f"Bearer {key}"}
+
+
+def act_as(client: Client, user: JSON | None) -> None:
+    """Make the test client (a `KeyedClient`) send `user`'s key by default (None: no key)."""
+    assert isinstance(client, KeyedClient)
+    client.key = None if user is None else user["api_key"]

@@ -24,7 +24,7 @@ from jobq.queue.model import DEFAULT_MAX_RETRIES
 from tests.api.conftest import ADMIN, ADMIN_TOKEN, RunJobs
 from tests.api.helpers import assert_error, create_reminder, create_user, error_locs
 from tests.conftest import make_settings
-from tests.webhook_receiver import Receiver
+from tests.toolkit.receiver import WebhookReceiver
 
 T0 = datetime(2031, 3, 4, 10, 0, tzinfo=UTC)
 MakeWorker = Callable[..., Awaitable[Worker]]
@@ -56,8 +56,12 @@ async def bury(conn: Connection, job_id: int, **values: Any) -> None:
     )
 
 
+ADMIN_PATHS = ("/jobs/dead", "/workers", "/queues")
+
+
 async def get_json(client: Client, url: str, status: int = 200) -> Any:
-    response = await client.get(url, headers=ADMIN)
+    """GET `url` (with the admin token on admin routes, else the client's user key)."""
+    response = await client.get(url, headers=ADMIN if url.startswith(ADMIN_PATHS) else None)
     assert response.status_code == status, await response.get_data(as_text=True)
     return await response.get_json()
 
@@ -213,7 +217,7 @@ async def test_retry_puts_the_job_back_ripe_now_with_its_retries_reset(
 
 
 async def test_retried_job_runs_and_its_reminder_is_sent(
-    client: Client, conn: Connection, run_jobs: RunJobs, receiver: Receiver
+    client: Client, conn: Connection, run_jobs: RunJobs, receiver: WebhookReceiver
 ) -> None:
     """End to end: a reminder whose deliveries all failed is `failed`; retried by an admin it
     is `scheduled` again, and the next delivery sends it."""
@@ -443,13 +447,14 @@ async def test_a_stopped_worker_is_no_longer_listed(
 async def test_openapi_documents_the_admin_endpoints_with_their_security(client: Client) -> None:
     spec = await (await client.get("/openapi.json")).get_json()
     assert spec["components"]["securitySchemes"] == {
-        "admin_token": {"type": "http", "scheme": "bearer"}
+        "admin_token": {"type": "http", "scheme": "bearer"},
+        "api_key": {"type": "http", "scheme": "bearer"},
     }
     admin = {
-        ("/jobs/dead", "get"): {200, 401, 404, 413, 422, 503},
-        ("/jobs/dead/{job_id}/retry", "post"): {200, 401, 404, 409, 413, 415, 503},
-        ("/jobs/dead/{job_id}", "delete"): {204, 401, 404, 413, 503},
-        ("/workers", "get"): {200, 401, 404, 413, 503},
+        ("/jobs/dead", "get"): {200, 401, 404, 405, 413, 422, 500, 503},
+        ("/jobs/dead/{job_id}/retry", "post"): {200, 401, 404, 405, 409, 413, 415, 500, 503},
+        ("/jobs/dead/{job_id}", "delete"): {204, 401, 404, 405, 413, 500, 503},
+        ("/workers", "get"): {200, 401, 404, 405, 413, 500, 503},
     }
     for (path, method), statuses in admin.items():
         operation = spec["paths"][path][method]
@@ -458,14 +463,14 @@ async def test_openapi_documents_the_admin_endpoints_with_their_security(client:
         unauthorised = operation["responses"]["401"]
         assert unauthorised["headers"]["WWW-Authenticate"]["required"] is True
     ok = spec["paths"]["/jobs/dead"]["get"]["responses"]["200"]["content"]["application/json"]
-    assert ok["schema"]["title"] == "DeadJobs"
+    assert ok["schema"] == {"$ref": "#/components/schemas/DeadJobs"}
     query = {p["name"] for p in spec["paths"]["/jobs/dead"]["get"]["parameters"]}
     assert query == {"limit", "after"}
 
 
 async def test_openapi_documents_every_error_with_the_error_body(client: Client) -> None:
-    """Every operation documents 503 and 413, and each error is the `{"error", "detail"}` body;
-    the non-admin operations have no security."""
+    """Every operation documents 405, 413, 500 and 503, and each error is the `{"error",
+    "detail"}` body; the user-scoped operations need a user's key, the others none."""
     spec = await (await client.get("/openapi.json")).get_json()
     error = spec["components"]["schemas"]["Error"]
     assert set(error["required"]) == {"error", "detail"}
@@ -473,24 +478,28 @@ async def test_openapi_documents_every_error_with_the_error_body(client: Client)
     for path, item in spec["paths"].items():
         for method, operation in item.items():
             responses = operation["responses"]
-            assert {"413", "503"} <= set(responses), (path, method)
+            assert {"405", "413", "500", "503"} <= set(responses), (path, method)
             for status, response in responses.items():
                 if int(status) >= 400:
                     schema = response["content"]["application/json"]["schema"]
                     assert schema == {"$ref": "#/components/schemas/Error"}, (path, status)
-            if not path.startswith(("/jobs/dead", "/workers")):
+            if path.startswith(("/users/", "/reminders/", "/exports/")):
+                assert operation["security"] == [{"api_key": []}], path
+            elif not path.startswith(ADMIN_PATHS):
                 assert "security" not in operation, path
     assert set(spec["paths"]["/users"]["post"]["responses"]) == {
         "201",
         "400",
+        "405",
         "409",
         "413",
         "415",
         "422",
+        "500",
         "503",
     }
     delete = spec["paths"]["/reminders/{reminder_id}"]["delete"]["responses"]
-    assert set(delete) == {"204", "404", "409", "413", "503"}
+    assert set(delete) == {"204", "401", "404", "405", "409", "413", "429", "500", "503"}
     ics = spec["paths"]["/exports/{export_id}.ics"]["get"]["responses"]["200"]["content"]
     assert set(ics) == {"text/calendar"}
 

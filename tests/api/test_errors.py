@@ -10,17 +10,17 @@ from quart.typing import TestClientProtocol as Client
 
 from jobq.config import Settings
 from jobq.db import Connection
-from tests.api.helpers import assert_error
+from tests.api.helpers import assert_error, create_user
 
 USER = {"name": "Ann", "email": "ann@example.com"}
 JSON_HEADERS = {"Content-Type": "application/json"}
 
 
-async def assert_still_serving(client: Client, conn: Connection) -> None:
-    """GET /health answers 200 and nothing was written."""
+async def assert_still_serving(client: Client, conn: Connection, *, users: int = 0) -> None:
+    """GET /health answers 200 and nothing was written (besides `users` made by the test)."""
     response = await client.get("/health")
     assert response.status_code == 200
-    assert await conn.fetchval("SELECT count(*) FROM users") == 0
+    assert await conn.fetchval("SELECT count(*) FROM users") == users
     assert await conn.fetchval("SELECT count(*) FROM job") == 0
 
 
@@ -156,10 +156,11 @@ async def test_many_bad_requests_in_a_row_leave_the_pool_usable(
     client: Client, conn: Connection
 ) -> None:
     """Failed requests return their connections: far more of them than the pool holds."""
+    await create_user(client, "Zed", "zed@example.com")  # whose key the client sends
     for _ in range(50):
         assert (await client.get("/users/999999")).status_code == 404
         assert (await client.post("/users", json={"name": ""})).status_code == 422
-    await assert_still_serving(client, conn)
+    await assert_still_serving(client, conn, users=1)
     response = await client.post("/users", json=USER)
     assert response.status_code == 201
 
@@ -187,6 +188,7 @@ async def test_id_out_of_range_is_404(
     client: Client, conn: Connection, method: str, path: str, number: int
 ) -> None:
     """An id no bigint column can hold names nothing: 404, not a database error."""
+    await create_user(client)  # whose key the client sends
     url = path.format(number)
     if method == "POST" and path.endswith("/reminders"):
         response = await client.post(url, json={"message": "x", "remind_in_seconds": 60})
@@ -198,4 +200,4 @@ async def test_id_out_of_range_is_404(
         response = await client.get(url)
     assert response.status_code == 404
     assert_error(await response.get_json(), "not_found")
-    await assert_still_serving(client, conn)
+    await assert_still_serving(client, conn, users=1)

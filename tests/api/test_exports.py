@@ -12,7 +12,7 @@ from quart.typing import TestClientProtocol as Client
 
 from jobq.db import Connection
 from tests.api.conftest import RunJobs
-from tests.api.helpers import JSON, assert_error, create_reminder, create_user
+from tests.api.helpers import JSON, act_as, assert_error, create_reminder, create_user
 
 T0 = datetime(2031, 3, 4, 10, 0, tzinfo=UTC)
 CALENDAR = "text/calendar"
@@ -66,6 +66,7 @@ async def test_export_renders_one_event_per_reminder(
                 client, user["id"], message=message, remind_in_seconds=60 * (i + 1)
             )
         await create_reminder(client, other["id"], message="Not Ann's", remind_in_seconds=60)
+    act_as(client, user)  # Ann again
     export = await request_export(client, user["id"])
 
     # before the job has run: pending, and the file is not there yet
@@ -125,6 +126,7 @@ async def test_export_of_user_without_reminders(client: Client, run_jobs: RunJob
 
 
 async def test_unknown_export_is_404(client: Client) -> None:
+    await create_user(client)  # whose key the client sends
     for path, headers in [
         ("/exports/4242", {}),
         ("/exports/4242.ics", {}),
@@ -140,6 +142,7 @@ async def test_unknown_export_is_404(client: Client) -> None:
 async def test_export_of_unknown_user_is_404_and_writes_nothing(
     client: Client, conn: Connection
 ) -> None:
+    await create_user(client)  # whose key the client sends
     response = await client.post("/users/4242/exports")
     assert response.status_code == 404
     assert_error(await response.get_json(), "not_found")

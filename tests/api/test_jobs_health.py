@@ -20,6 +20,8 @@ from jobq.queue import Job, JobContext, Registry, Worker, enqueue
 from tests.api.conftest import DatabaseProxy
 from tests.api.helpers import assert_error, create_reminder, create_user
 from tests.conftest import make_settings
+from tests.keyed_client import use_keyed_client
+from tests.toolkit.procs import eventually
 
 T = TypeVar("T")
 
@@ -104,6 +106,7 @@ async def test_health_ok(client: Client) -> None:
 async def proxied_client(db_proxy: DatabaseProxy, database: Database) -> AsyncIterator[Client]:
     """A client of an app whose database connections all go through `db_proxy`."""
     app = create_app(make_settings(db_proxy.dsn, min_pool_size=1, max_pool_size=4))
+    use_keyed_client(app)  # acts as the users it creates
     async with app.test_app() as test_app:
         yield test_app.test_client()
     db.bind(database)
@@ -241,7 +244,7 @@ async def test_job_stats_report_live_and_dead_tuples_of_the_queue_tables(
         grew = after["job"]["n_dead_tup"] - before["job"]["n_dead_tup"] >= 30
         return after if grew else None
 
-    after = await eventually_true(flushed)
+    after = await eventually(flushed, what="the statistics to show the dead tuples", every=0.02)
     assert after["job"]["n_dead_tup"] >= 30
     assert after["job_dead"]["n_live_tup"] - before["job_dead"]["n_live_tup"] >= 2
     for table in after.values():
@@ -249,13 +252,3 @@ async def test_job_stats_report_live_and_dead_tuples_of_the_queue_tables(
         assert table["n_dead_tup"] >= 0
         autovacuum = table["last_autovacuum_at"]
         assert autovacuum is None or datetime.fromisoformat(autovacuum).tzinfo is not None
-
-
-async def eventually_true(check: Callable[[], Awaitable[T | None]], within_s: float = 5) -> T:
-    """Poll `check` every 20 ms until it returns something; `TimeoutError` after `within_s`."""
-    async with asyncio.timeout(within_s):
-        while True:
-            value = await check()
-            if value is not None:
-                return value
-            await asyncio.sleep(0.02)

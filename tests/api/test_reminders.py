@@ -48,7 +48,7 @@ async def test_schedule_in_seconds(client: Client, conn: Connection) -> None:
     body = await response.get_json()
     assert body["status"] == "scheduled"
     assert body["user_id"] == user["id"]
-    assert body["message"] == "Water the plants"
+    assert body["message"] == "  Water the plants "  # kept as sent: lengths are raw lengths
     assert datetime.fromisoformat(body["remind_at"]) == T0 + timedelta(seconds=90)
     assert datetime.fromisoformat(body["created_at"]) == T0
     assert body["attempts"] == 0
@@ -162,6 +162,7 @@ async def test_list_reminders_of_user_without_any(client: Client) -> None:
 
 
 async def test_list_reminders_of_unknown_user_is_404(client: Client) -> None:
+    await create_user(client)  # whose key the client sends
     response = await client.get("/users/4242/reminders")
     assert response.status_code == 404
     assert_error(await response.get_json(), "not_found")
@@ -176,6 +177,7 @@ async def test_get_reminder(client: Client) -> None:
 
 
 async def test_get_unknown_reminder_is_404(client: Client) -> None:
+    await create_user(client)  # whose key the client sends
     response = await client.get("/reminders/4242")
     assert response.status_code == 404
     body = await response.get_json()

@@ -11,6 +11,7 @@ import pytest
 
 from jobq.config import Settings
 from jobq.db import Connection
+from tests.api.helpers import bearer, without_key
 
 USER = {"name": "Ann", "email": "ann@example.com"}
 
@@ -25,9 +26,9 @@ async def test_create_and_read_a_user_over_http(served_http: httpx.AsyncClient) 
     created = await served_http.post("/users", json=USER)
     assert created.status_code == 201
     user = created.json()
-    fetched = await served_http.get(f"/users/{user['id']}")
+    fetched = await served_http.get(f"/users/{user['id']}", headers=bearer(user["api_key"]))
     assert fetched.status_code == 200
-    assert fetched.json() == user
+    assert fetched.json() == without_key(user)
 
 
 async def test_chunked_json_body_is_accepted(served_http: httpx.AsyncClient) -> None:

@@ -9,7 +9,7 @@ import pytest
 from quart.typing import TestClientProtocol as Client
 
 from jobq.db import Connection
-from tests.api.helpers import assert_error, create_user, error_locs
+from tests.api.helpers import assert_error, create_user, error_locs, without_key
 
 
 async def test_create_user_returns_201_and_stores_it(client: Client, conn: Connection) -> None:
@@ -25,9 +25,12 @@ async def test_create_user_returns_201_and_stores_it(client: Client, conn: Conne
     assert response.status_code == 201
     assert response.content_type == "application/json"
     body = await response.get_json()
-    assert set(body) == {"id", "name", "email", "webhook_url", "created_at"}
+    assert set(body) == {"id", "name", "email", "webhook_url", "created_at"} | {
+        "api_key",
+        "api_key_id",
+    }
     assert isinstance(body["id"], int)
-    assert body["name"] == "Ann Smith"  # surrounding white space dropped
+    assert body["name"] == "  Ann Smith "  # kept as sent: lengths are raw lengths
     assert body["email"] == "ann@example.com"
     assert body["webhook_url"] == "https://hooks.example.com/ann"
     created_at = datetime.fromisoformat(body["created_at"])
@@ -37,7 +40,7 @@ async def test_create_user_returns_201_and_stores_it(client: Client, conn: Conne
     row = await conn.fetchrow("SELECT * FROM users WHERE id = $1", body["id"])
     assert row is not None
     assert (row["name"], row["email"], row["webhook_url"]) == (
-        "Ann Smith",
+        "  Ann Smith ",
         "ann@example.com",
         "https://hooks.example.com/ann",
     )
@@ -125,7 +128,7 @@ async def test_get_user(client: Client) -> None:
     await create_user(client, "Bob", "bob@example.com")
     response = await client.get(f"/users/{created['id']}")
     assert response.status_code == 200
-    assert await response.get_json() == created
+    assert await response.get_json() == without_key(created)
 
 
 async def test_get_unknown_user_is_404(client: Client) -> None:

@@ -7,19 +7,21 @@ from __future__ import annotations
 import json
 import logging
 import socket
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
+import httpx
 import pytest
 from freezegun import freeze_time
 from quart.typing import TestClientProtocol as Client
 
 from jobq.config import Settings
 from jobq.db import Connection
+from jobq.jobs.reminders import describe_failure, utc_z
 from jobq.queue import Job, enqueue
 from jobq.queue.model import DEFAULT_MAX_RETRIES
 from tests.api.conftest import RunJobs
 from tests.api.helpers import JSON, create_reminder, create_user
-from tests.webhook_receiver import Receiver, assert_reminder_delivery, signature
+from tests.toolkit.receiver import WebhookReceiver, assert_reminder_delivery, signature
 
 T0 = datetime(2031, 3, 4, 10, 0, tzinfo=UTC)
 DUE = T0 + timedelta(seconds=60)
@@ -41,7 +43,11 @@ async def get_reminder(client: Client, reminder_id: int) -> JSON:
 
 
 async def test_due_reminder_is_posted_signed_and_marked_sent(
-    client: Client, conn: Connection, run_jobs: RunJobs, receiver: Receiver, settings: Settings
+    client: Client,
+    conn: Connection,
+    run_jobs: RunJobs,
+    receiver: WebhookReceiver,
+    settings: Settings,
 ) -> None:
     reminder = await schedule(client, receiver.url, message="Call Bob — ☎ «now»")
 
@@ -70,7 +76,7 @@ async def test_due_reminder_is_posted_signed_and_marked_sent(
 
 
 async def test_signature_is_over_the_exact_body_with_the_secret(
-    client: Client, run_jobs: RunJobs, receiver: Receiver, settings: Settings
+    client: Client, run_jobs: RunJobs, receiver: WebhookReceiver, settings: Settings
 ) -> None:
     await schedule(client, receiver.url)
     await run_jobs(at=DUE)
@@ -82,7 +88,7 @@ async def test_signature_is_over_the_exact_body_with_the_secret(
 
 
 async def test_failed_delivery_is_retried_with_backoff_then_fails(
-    client: Client, conn: Connection, run_jobs: RunJobs, receiver: Receiver
+    client: Client, conn: Connection, run_jobs: RunJobs, receiver: WebhookReceiver
 ) -> None:
     receiver.status = 500
     reminder = await schedule(client, receiver.url)
@@ -126,7 +132,7 @@ async def test_failed_delivery_is_retried_with_backoff_then_fails(
 
 
 async def test_failed_delivery_then_success(
-    client: Client, run_jobs: RunJobs, receiver: Receiver, conn: Connection
+    client: Client, run_jobs: RunJobs, receiver: WebhookReceiver, conn: Connection
 ) -> None:
     receiver.status = 503
     reminder = await schedule(client, receiver.url)
@@ -142,7 +148,7 @@ async def test_failed_delivery_then_success(
 
 
 async def test_unreachable_webhook_is_a_failed_attempt(
-    client: Client, run_jobs: RunJobs, receiver: Receiver
+    client: Client, run_jobs: RunJobs, receiver: WebhookReceiver
 ) -> None:
     # a port that is bound but not listening: the connection is refused
     with socket.socket() as closed:
@@ -158,7 +164,7 @@ async def test_unreachable_webhook_is_a_failed_attempt(
 
 
 async def test_job_that_runs_twice_marks_sent_once(
-    client: Client, conn: Connection, run_jobs: RunJobs, receiver: Receiver
+    client: Client, conn: Connection, run_jobs: RunJobs, receiver: WebhookReceiver
 ) -> None:
     reminder = await schedule(client, receiver.url)
     assert await run_jobs(at=DUE) == 1
@@ -178,7 +184,7 @@ async def test_job_that_runs_twice_marks_sent_once(
 
 
 async def test_reminder_without_webhook_is_logged_and_sent(
-    client: Client, run_jobs: RunJobs, receiver: Receiver, caplog: pytest.LogCaptureFixture
+    client: Client, run_jobs: RunJobs, receiver: WebhookReceiver, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="jobq.jobs.reminders")
     reminder = await schedule(client, None, message="Feed the cat")
@@ -193,7 +199,7 @@ async def test_reminder_without_webhook_is_logged_and_sent(
 
 
 async def test_deleted_reminder_is_not_delivered(
-    client: Client, conn: Connection, run_jobs: RunJobs, receiver: Receiver
+    client: Client, conn: Connection, run_jobs: RunJobs, receiver: WebhookReceiver
 ) -> None:
     reminder = await schedule(client, receiver.url)
     assert (await client.delete(f"/reminders/{reminder['id']}")).status_code == 204
@@ -202,7 +208,7 @@ async def test_deleted_reminder_is_not_delivered(
 
 
 async def test_delete_failed_reminder_removes_its_dead_job(
-    client: Client, conn: Connection, run_jobs: RunJobs, receiver: Receiver
+    client: Client, conn: Connection, run_jobs: RunJobs, receiver: WebhookReceiver
 ) -> None:
     receiver.status = 500
     reminder = await schedule(client, receiver.url)
@@ -214,3 +220,26 @@ async def test_delete_failed_reminder_removes_its_dead_job(
     assert response.status_code == 204
     assert await conn.fetchval("SELECT count(*) FROM job_dead") == 0
     assert await conn.fetchval("SELECT count(*) FROM reminders") == 0
+
+
+def test_a_failed_call_says_what_failed_without_the_url_path() -> None:
+    """`ReadError` alone says nothing: the log and `last_error` name the host and the cause,
+    never the path, query or credentials of the URL."""
+    url = "https://user:pw@hooks.example.com/secret-path?token=abc"
+    try:
+        try:
+            raise ConnectionResetError(104, "Connection reset by peer")
+        except ConnectionResetError as cause:
+            raise httpx.ReadError("") from cause
+    except httpx.ReadError as exc:
+        described = describe_failure(url, exc)
+    assert described == "ReadError from hooks.example.com: [Errno 104] Connection reset by peer"
+    for secret in ("pw", "secret-path", "token=abc"):
+        assert secret not in described
+    timeout = httpx.ReadTimeout("")
+    assert describe_failure(url, timeout) == "ReadTimeout from hooks.example.com: timed out"
+
+
+def test_webhook_times_are_utc_with_z() -> None:
+    moment = datetime(2031, 3, 4, 11, 0, tzinfo=timezone(timedelta(hours=1)))
+    assert utc_z(moment) == "2031-03-04T10:00:00Z"

@@ -1,24 +1,22 @@
-"""Fixtures of the chaos suite: its own PostgreSQL instance, the journal, the subprocesses.
+"""Fixtures of the chaos suite: its own PostgreSQL instance and the journal.
 
 Every test under `tests/chaos/` runs on a PostgreSQL server that this suite starts for itself
-(`server.PostgresInstance`, on a free TCP port of 127.0.0.1), never on the machine's server or
-the project's `.pgdata`: the scenarios restart and crash it. The session's fresh database is
-created on it by the root conftest (`admin_dsn` is overridden here).
+(`tests.toolkit.postgres.PostgresInstance`, on a free TCP port of 127.0.0.1), never on the
+machine's server or the project's `.pgdata`: the scenarios restart and crash it. The session's
+fresh database is created on it by the root conftest (`admin_dsn` is overridden here).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import pytest
 
 from jobq import db
 from jobq.db import Connection, Database
 from tests.chaos import journal
-from tests.chaos.helpers import Procs
-from tests.chaos.server import PostgresInstance
+from tests.toolkit.postgres import PostgresInstance
 
 
 @pytest.fixture(scope="session")
@@ -68,12 +66,3 @@ async def opened() -> AsyncIterator[list[Connection]]:
     for conn in connections:
         if not conn.is_closed():
             await conn.close()
-
-
-@pytest.fixture
-def procs(database_url: str, tmp_path: Path) -> Iterator[Procs]:
-    """Starts `python -m jobq` subprocesses on the session's database; kills the survivors at
-    the end and prints their output."""
-    manager = Procs(database_url, tmp_path)
-    yield manager
-    manager.close()

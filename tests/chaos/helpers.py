@@ -1,26 +1,18 @@
-"""Helpers of the chaos scenarios: subprocesses, waits, the figures line, the check command."""
+"""Helpers of the chaos scenarios: their settings, the figures line, jobs, the end of each."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from jobq.config import PROJECT_ROOT
 from jobq.db import Connection
 from jobq.queue import Job, enqueue_many
-from tests.chaos.handlers import JOB_TYPE
 from tests.chaos.journal import Analysis
-from tests.procs import Proc, eventually, registered
-
-T = TypeVar("T")
+from tests.toolkit.handlers import JOB_TYPE
+from tests.toolkit.procs import Proc, eventually, jobq_check
 
 RESULTS = PROJECT_ROOT / ".chaos" / "results.jsonl"
 """Where every scenario appends its JSON line of figures (gitignored)."""
@@ -36,7 +28,7 @@ WORKER_ENV = {
     "JOBQ_BACKOFF_MAX_S": "5",
     "JOBQ_MAX_POOL_SIZE": "10",
     "JOBQ_LOG_LEVEL": "INFO",
-    "JOBQ_JOB_MODULES": "tests.chaos.handlers",
+    "JOBQ_JOB_MODULES": "tests.toolkit.handlers",
 }
 """The workers' settings in every scenario (a scenario may override some): what a deployment
 that wants rescue within seconds would run. Liveness is the advisory lock, so a dead worker's
@@ -73,71 +65,13 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-# -- subprocesses -----------------------------------------------------------------------------
-
-
-class Procs:
-    """Starts `python -m jobq <command>` subprocesses against the scenario's database; at the
-    end (`close()`) SIGKILLs those still running (after SIGCONT) and prints the tail of each
-    one's output."""
-
-    def __init__(self, database_url: str, folder: Path) -> None:
-        self.database_url = database_url
-        self.folder = folder
-        self.started: list[Proc] = []
-
-    def env(self, overrides: dict[str, str]) -> dict[str, str]:
-        env = {
-            name: value
-            for name, value in os.environ.items()
-            if not name.startswith("JOBQ_") and name not in {"DATABASE_URL", "TEST_DATABASE_URL"}
-        }
-        env.update(PYTHONPATH=str(PROJECT_ROOT), PYTHONUNBUFFERED="1")
-        env.update(DATABASE_URL=self.database_url, JOBQ_WEBHOOK_SECRET="chaos-secret")  # noqa: S106 (a test value)
-        env.update(overrides)
-        return env
-
-    def start(self, command: str, name: str, env: dict[str, str]) -> Proc:
-        log_path = self.folder / f"{name}.log"
-        with log_path.open("wb") as out:
-            popen = subprocess.Popen(  # noqa: S603 (our own interpreter and arguments)
-                [sys.executable, "-m", "jobq", command],
-                cwd=PROJECT_ROOT,
-                env=self.env(env),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        proc = Proc(name, popen, log_path)
-        self.started.append(proc)
-        return proc
-
-    async def worker(self, conn: Connection, name: str, env: dict[str, str]) -> Proc:
-        """Start a worker and wait until it has registered (liveness lock held)."""
-        proc = self.start("worker", name, env)
-        proc.worker_id = await registered(conn, proc)
-        return proc
-
-    def close(self) -> None:
-        for proc in self.started:
-            if proc.running:
-                proc.popen.send_signal(signal.SIGCONT)
-                proc.popen.kill()
-            proc.popen.wait(timeout=10)
-        failed = [p for p in self.started if p.popen.returncode not in (0, -signal.SIGKILL)]
-        for proc in failed or self.started[-3:]:
-            print(f"----- {proc.name} (pid {proc.pid}, exit {proc.popen.returncode}) -----")
-            print(proc.log()[-3000:])
-
-
 # -- jobs -------------------------------------------------------------------------------------
 
 
 async def enqueue_jobs(
     count: int, *, first: int = 0, priority: int = 0, max_retries: int = 5, **args: Any
 ) -> set[int]:
-    """Enqueue `count` `chaos_run` jobs (arguments `n` = first.., plus `args`) in one
+    """Enqueue `count` `recorded` jobs (arguments `n` = first.., plus `args`) in one
     transaction; return their ids."""
     jobs = [
         Job(
@@ -182,7 +116,7 @@ async def pickup_latency(conn: Connection, *, n: int, within: float = 10) -> flo
 
     async def started() -> datetime | None:
         value: datetime | None = await conn.fetchval(
-            "SELECT min(started_at) FROM chaos_execution WHERE job_id = $1", job_id
+            "SELECT min(started_at) FROM execution WHERE job_id = $1", job_id
         )
         return value
 
@@ -191,35 +125,6 @@ async def pickup_latency(conn: Connection, *, n: int, within: float = 10) -> flo
 
 
 # -- the check command ------------------------------------------------------------------------
-
-
-async def check_command(database_url: str) -> tuple[int, dict[str, Any]]:
-    """Run `python -m jobq check` on the scenario's database; return its exit code and JSON."""
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if not name.startswith("JOBQ_") and name != "DATABASE_URL"
-    }
-    env.update(PYTHONPATH=str(PROJECT_ROOT), DATABASE_URL=database_url)
-    # the workers' heartbeat interval: the check judges liveness with the same grace
-    env.update(JOBQ_HEARTBEAT_INTERVAL_S=WORKER_ENV["JOBQ_HEARTBEAT_INTERVAL_S"])
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "jobq",
-        "check",
-        cwd=PROJECT_ROOT,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), timeout=60)
-    assert process.returncode is not None
-    try:
-        report: dict[str, Any] = json.loads(out)
-    except json.JSONDecodeError as exc:
-        raise AssertionError(f"jobq check printed no JSON:\n{out!r}\n{err.decode()}") from exc
-    return process.returncode, report
 
 
 # -- the end of every scenario ----------------------------------------------------------------
@@ -244,7 +149,8 @@ async def verify(
     the figures, so that they are printed even when an invariant fails.
     """
     analysis = await Analysis.load(conn, job_ids)
-    code, report = await check_command(database_url)
+    heartbeat_interval_s = float(WORKER_ENV["JOBQ_HEARTBEAT_INTERVAL_S"])
+    code, report = await jobq_check(database_url, heartbeat_interval_s=heartbeat_interval_s)
     invariants = analysis.invariants()
     second_runs = analysis.reruns_while_first_runner_lived(died_at)
     figures: dict[str, Any] = {

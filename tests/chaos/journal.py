@@ -2,7 +2,7 @@
 
 Two tables, created by the suite for the duration of a scenario:
 
-- `chaos_execution`: one row per execution of the handler (`tests/chaos/handlers.py`).
+- `execution`: one row per execution of the handler (`tests/toolkit/handlers.py`).
 - `chaos_journal`: one row per row that entered or left a queue table, written by statement
   triggers (with transition tables, so a batch costs one INSERT) in the transaction that moved
   it: `job` and `job_dead` arrivals, `job_running` arrivals (claims) and departures. Only what
@@ -24,23 +24,12 @@ from datetime import datetime
 from typing import Any
 
 from jobq.db import Connection
+from tests.toolkit.handlers import EXECUTION_TABLE, JOB_TYPE
 
 RESCUE_ERROR = "worker lost while running the job"
 """The `last_error` a rescue records (`jobq.queue.store.rescue`)."""
 
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS chaos_execution (
-    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    job_id      bigint      NOT NULL,
-    attempt     integer     NOT NULL,
-    worker_id   integer     NOT NULL,
-    pid         integer     NOT NULL,
-    started_at  timestamptz NOT NULL,
-    finished_at timestamptz,
-    outcome     text CHECK (outcome IN ('ok', 'failed'))
-);
-CREATE INDEX IF NOT EXISTS chaos_execution_job_idx ON chaos_execution (job_id);
-
 CREATE TABLE IF NOT EXISTS chaos_journal (
     id        bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     xid       xid8        NOT NULL DEFAULT pg_current_xact_id(),
@@ -53,7 +42,10 @@ CREATE TABLE IF NOT EXISTS chaos_journal (
     worker_id integer,
     token     bigint,
     attempts  integer     NOT NULL,
-    last_error text
+    last_error text,
+    -- of claims: the job's key and the claim's time as its worker gave it (what rates count)
+    concurrency_key text,
+    claimed_at timestamptz
 );
 
 CREATE OR REPLACE FUNCTION chaos_journal_queued() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -65,8 +57,11 @@ END $$;
 
 CREATE OR REPLACE FUNCTION chaos_journal_claimed() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO chaos_journal (tbl, op, job_id, job_type, worker_id, token, attempts)
-    SELECT 'job_running', 'insert', id, job_type, worker_id, token, attempts FROM arrived;
+    INSERT INTO chaos_journal (tbl, op, job_id, job_type, worker_id, token, attempts,
+                               concurrency_key, claimed_at)
+    SELECT 'job_running', 'insert', id, job_type, worker_id, token, attempts, concurrency_key,
+           claimed_at
+    FROM arrived;
     RETURN NULL;
 END $$;
 
@@ -92,7 +87,7 @@ DROP TRIGGER IF EXISTS chaos_journal ON job;
 DROP TRIGGER IF EXISTS chaos_journal ON job_dead;
 DROP TRIGGER IF EXISTS chaos_journal_in ON job_running;
 DROP TRIGGER IF EXISTS chaos_journal_out ON job_running;
-DROP TABLE IF EXISTS chaos_journal, chaos_execution;
+DROP TABLE IF EXISTS chaos_journal, execution;
 DROP FUNCTION IF EXISTS chaos_journal_queued(), chaos_journal_claimed(), chaos_journal_released();
 """
 
@@ -100,10 +95,11 @@ DROP FUNCTION IF EXISTS chaos_journal_queued(), chaos_journal_claimed(), chaos_j
 async def install(conn: Connection) -> None:
     """Create the tables and triggers (empty)."""
     await conn.execute(DROP)
+    await conn.execute(EXECUTION_TABLE)
     await conn.execute(SCHEMA)
 
 
-async def enqueued(conn: Connection, job_type: str = "chaos_run") -> set[int]:
+async def enqueued(conn: Connection, job_type: str = JOB_TYPE) -> set[int]:
     """The ids of every job of `job_type` enqueued since `install`."""
     ids: list[int] | None = await conn.fetchval(
         "SELECT array_agg(DISTINCT job_id) FROM chaos_journal WHERE tbl = 'job' AND job_type = $1",
@@ -119,7 +115,7 @@ async def uninstall(conn: Connection) -> None:
 
 @dataclass
 class Execution:
-    """A row of `chaos_execution`."""
+    """A row of `execution`."""
 
     id: int
     job_id: int
@@ -134,7 +130,9 @@ class Execution:
 @dataclass
 class Claim:
     """One stay of a job in `job_running`, and how it ended (`end` is None while it lasts):
-    complete, retry, release, bury, rescue, merged."""
+    complete, retry, release, bury, rescue, merged. `claimed_at` and `ended_at` are the
+    server's clock in the transactions that moved the row; `clock_at` is the claim's time as
+    its worker gave it (`job_running.claimed_at`, what the rate windows count)."""
 
     token: int
     job_id: int
@@ -143,6 +141,8 @@ class Claim:
     claimed_at: datetime
     ended_at: datetime | None = None
     end: str | None = None
+    concurrency_key: str | None = None
+    clock_at: datetime | None = None
     executions: list[Execution] = field(default_factory=list)
 
 
@@ -188,6 +188,8 @@ class Analysis:
         for r in rows:
             if r["tbl"] == "job_running" and r["op"] == "insert":
                 claim = Claim(r["token"], r["job_id"], r["worker_id"], r["attempts"], r["at"])
+                claim.concurrency_key = r["concurrency_key"]
+                claim.clock_at = r["claimed_at"]
                 by_token[claim.token] = claim
                 self.claims[claim.job_id].append(claim)
             elif r["tbl"] == "job_running":
@@ -200,7 +202,7 @@ class Analysis:
             arrival = arrivals.get((r["xid"], r["job_id"]))
             claim.end = _ending(claim, arrival)
         for r in await conn.fetch(
-            "SELECT * FROM chaos_execution WHERE job_id = ANY($1::bigint[]) ORDER BY id", ids
+            "SELECT * FROM execution WHERE job_id = ANY($1::bigint[]) ORDER BY id", ids
         ):
             execution = Execution(**dict(r))
             self.executions[execution.job_id].append(execution)

@@ -26,7 +26,6 @@ from jobq.queue import sql
 from tests.chaos import journal
 from tests.chaos.helpers import (
     WORKER_ENV,
-    Procs,
     drained,
     emit,
     enqueue_jobs,
@@ -37,9 +36,9 @@ from tests.chaos.helpers import (
     verify,
 )
 from tests.chaos.journal import seconds
-from tests.chaos.server import PostgresInstance, StopMode
 from tests.chaos.traffic import Traffic, start_api
-from tests.procs import Proc, check_running, eventually
+from tests.toolkit.postgres import PostgresInstance, StopMode
+from tests.toolkit.procs import Proc, Procs, check_running, eventually
 
 pytestmark = pytest.mark.chaos
 
@@ -117,7 +116,7 @@ async def outage(
 
     async def probe_started() -> datetime | None:
         value: datetime | None = await conn.fetchval(
-            "SELECT min(started_at) FROM chaos_execution WHERE job_id = $1", probe
+            "SELECT min(started_at) FROM execution WHERE job_id = $1", probe
         )
         return value
 
@@ -163,7 +162,7 @@ async def test_database_restart_fast_then_immediate_during_a_drain_and_http_traf
     conn = chaos_conn
     env = dict(WORKER_ENV)
     workers = [await procs.worker(conn, f"worker-{i}", env) for i in range(RESTART_WORKERS)]
-    api, base_url = await start_api(procs, conn, env)
+    api, base_url = await start_api(procs, env)
     traffic = Traffic(base_url)
     traffic_task = asyncio.create_task(traffic.run())
     pids = [p.pid for p in (*workers, api)]
@@ -402,7 +401,8 @@ async def claim_scan_blocks(conn: Connection) -> int:
     steps over the index entries of every dead row that vacuum could not remove yet."""
     plan = await conn.fetchval(
         "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)"
-        " SELECT id FROM job WHERE ripe_at <= $1 ORDER BY priority DESC, ripe_at LIMIT 16",
+        " SELECT id FROM job WHERE queue = 'default' AND ripe_at <= $1"
+        " ORDER BY priority DESC, ripe_at LIMIT 16",
         utcnow(),
     )
     root = plan[0]["Plan"]
@@ -411,7 +411,7 @@ async def claim_scan_blocks(conn: Connection) -> int:
 
 async def completed_between(conn: Connection, start: datetime, end: datetime) -> int:
     count: int = await conn.fetchval(
-        "SELECT count(*) FROM chaos_execution WHERE finished_at >= $1 AND finished_at < $2",
+        "SELECT count(*) FROM execution WHERE finished_at >= $1 AND finished_at < $2",
         start,
         end,
     )
@@ -425,7 +425,7 @@ async def test_a_long_transaction_elsewhere_keeps_throughput_and_shows_in_job_st
     conn = chaos_conn
     env = dict(WORKER_ENV)
     workers = [await procs.worker(conn, f"worker-{i}", env) for i in range(LONG_WORKERS)]
-    api, base_url = await start_api(procs, conn, env)
+    api, base_url = await start_api(procs, env)
     running = (*workers, api)
     stop = asyncio.Event()
     producer_conn = await db.connect(database_url)
@@ -458,7 +458,7 @@ async def test_a_long_transaction_elsewhere_keeps_throughput_and_shows_in_job_st
 
         async def warm() -> bool:  # the workers have reached their pace
             done: int = await conn.fetchval(
-                "SELECT count(*) FROM chaos_execution WHERE finished_at IS NOT NULL"
+                "SELECT count(*) FROM execution WHERE finished_at IS NOT NULL"
             )
             return done >= LONG_BACKLOG
 

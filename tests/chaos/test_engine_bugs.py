@@ -23,8 +23,9 @@ from pydantic import BaseModel
 from jobq import clock, db
 from jobq.db import Connection, Database
 from jobq.queue import Job, JobContext, Registry, Worker, enqueue, enqueue_many, store
+from tests import outcomes
 from tests.chaos import journal
-from tests.chaos.server import PostgresInstance
+from tests.toolkit.postgres import PostgresInstance
 
 pytestmark = pytest.mark.chaos
 
@@ -105,7 +106,7 @@ async def test_a_job_claimed_twice_by_one_worker_at_one_attempt_is_not_lost(
     belongs to that second claim, which completed it: the job was not lost (a full run once
     reported 3 such jobs as lost)."""
     conn = chaos_conn
-    (job_id,) = await enqueue_many([Job(job_type="chaos_run", arguments={"n": 1})])
+    (job_id,) = await enqueue_many([Job(job_type="recorded", arguments={"n": 1})])
     now = clock.now()
     lease = now + timedelta(seconds=30)
     await store.claim(conn, worker_id=7, max_jobs=1, now=now, lease_expires_at=lease)
@@ -114,12 +115,12 @@ async def test_a_job_claimed_twice_by_one_worker_at_one_attempt_is_not_lost(
         conn, worker_id=7, max_jobs=1, now=clock.now(), lease_expires_at=lease
     )
     await conn.execute(
-        "INSERT INTO chaos_execution (job_id, attempt, worker_id, pid, started_at, finished_at,"
+        "INSERT INTO execution (job_id, attempt, worker_id, pid, started_at, finished_at,"
         " outcome) VALUES ($1, 1, 7, 0, $2, $2, 'ok')",
         job_id,
         clock.now(),
     )
-    assert await store.complete(conn, [again.token]) == 1
+    assert await outcomes.complete(conn, [again.token]) == 1
     analysis = await journal.Analysis.load(conn, {job_id})
     assert analysis.ends() == {"complete": 1, "release": 1}
     assert analysis.orphan_executions == []

@@ -4,7 +4,9 @@ The app is served by hypercorn on 127.0.0.1 over a real, seeded database (users,
 exports, dead jobs, a live worker). For every operation of `/openapi.json`, schemathesis
 generates requests that fit the document (positive) and requests that break it (negative);
 positive ones also reuse the seeded ids, so that paths reach real rows. Admin requests carry
-the admin token, or (sometimes) whatever schemathesis generated. Every response must pass:
+the admin token, and user-scoped requests the API key of the seeded user who owns the ids in
+their path (else the first user's: another user's key, so a 404), or (sometimes) whatever
+schemathesis generated (none, or a wrong one: a 401). Every response must pass:
 
 - `not_a_server_error`: no 5xx;
 - `status_code_conformance`, `content_type_conformance`, `response_headers_conformance`,
@@ -18,9 +20,7 @@ summarises the run; it is printed and appended to `.chaos/results.jsonl`.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
-import socket
 import time
 import traceback
 from collections import Counter
@@ -32,8 +32,6 @@ from typing import Any
 import pytest
 import requests
 import schemathesis
-from hypercorn.asyncio import serve
-from hypercorn.config import Config
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis import APIOperation, Case, GenerationMode
@@ -50,10 +48,12 @@ from schemathesis.specs.openapi.checks import (
 from jobq import db
 from jobq.app import create_app
 from jobq.db import Connection, Database
+from jobq.domain import exports, reminders
 from jobq.queue import Job, Registry, Worker, enqueue
 from tests.api.conftest import ADMIN_TOKEN
 from tests.chaos.helpers import emit
 from tests.conftest import make_settings
+from tests.toolkit.served import served
 
 pytestmark = pytest.mark.chaos
 
@@ -83,46 +83,68 @@ class Tally:
 @pytest.fixture
 async def base_url(database: Database) -> AsyncIterator[str]:
     """The app (admin token set, no in-process worker) served by hypercorn on 127.0.0.1."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    port = sock.getsockname()[1]
-    config = Config()
-    config.bind = [f"fd://{sock.detach()}"]
-    config.accesslog = None
-    config.errorlog = logging.getLogger("hypercorn.error")
-    stop = asyncio.Event()
     app = create_app(make_settings(database.dsn, admin_token=ADMIN_TOKEN))
-    server = asyncio.create_task(serve(app, config, shutdown_trigger=stop.wait))
     try:
-        yield f"http://127.0.0.1:{port}"
+        async with served(app) as url:
+            yield url
     finally:
-        stop.set()
-        await server
         db.bind(database)
 
 
-async def seed(base_url: str, worker: Worker, conn: Connection) -> dict[str, list[int]]:
-    """Users, reminders, exports and dead jobs to aim at; return their ids by path parameter."""
-    ids: dict[str, list[int]] = {"user_id": [], "reminder_id": [], "export_id": [], "job_id": []}
+@dataclass
+class Seeded:
+    """The seeded rows' ids by path parameter, and the API key owning each `(name, id)`."""
+
+    ids: dict[str, list[int]]
+    keys: dict[tuple[str, int], str]
+    first_key: str
+
+    def key_for(self, path_parameters: dict[str, Any]) -> str:
+        """The key of the user who owns the first seeded id of the path, else the first's."""
+        for name, value in path_parameters.items():
+            if isinstance(value, int) and (name, value) in self.keys:
+                return self.keys[(name, value)]
+        return self.first_key
+
+
+async def seed(base_url: str, worker: Worker, conn: Connection) -> Seeded:
+    """Users (with a spare key each), reminders, exports and dead jobs to aim at."""
+    ids: dict[str, list[int]] = {
+        "user_id": [],
+        "key_id": [],
+        "reminder_id": [],
+        "export_id": [],
+        "job_id": [],
+    }
+    keys: dict[tuple[str, int], str] = {}
+    key = ""
 
     def post(path: str, body: Any = None) -> dict[str, Any]:
-        response = requests.post(base_url + path, json=body, timeout=10)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        response = requests.post(base_url + path, json=body, timeout=10, headers=headers)
         assert response.status_code in (201, 202), response.text
         created: dict[str, Any] = response.json()
         return created
 
     for n in range(3):
+        key = ""
         user = await asyncio.to_thread(
             post, "/users", {"name": f"User {n}", "email": f"user{n}@example.com"}
         )
-        ids["user_id"].append(user["id"])
+        key = user["api_key"]
+        spare = await asyncio.to_thread(post, f"/users/{user['id']}/keys")  # fuzz may revoke it
         reminder = await asyncio.to_thread(
             post, f"/users/{user['id']}/reminders", {"message": "hi", "remind_in_seconds": 3600}
         )
-        ids["reminder_id"].append(reminder["id"])
         export = await asyncio.to_thread(post, f"/users/{user['id']}/exports")
-        ids["export_id"].append(export["id"])
+        for name, value in [
+            ("user_id", user["id"]),
+            ("key_id", spare["id"]),
+            ("reminder_id", reminder["id"]),
+            ("export_id", export["id"]),
+        ]:
+            ids[name].append(value)
+            keys[(name, value)] = key
     for n in range(5):
         await enqueue(Job(job_type="fuzz.nobody", arguments={"n": n}))
     # the worker has no handlers: the exports' jobs and these five are buried at once
@@ -130,7 +152,8 @@ async def seed(base_url: str, worker: Worker, conn: Connection) -> dict[str, lis
     await worker.wait_idle()
     ids["job_id"] = [r["id"] for r in await conn.fetch("SELECT id FROM job_dead ORDER BY id")]
     assert len(ids["job_id"]) == 8
-    return ids
+    first = keys[("user_id", ids["user_id"][0])]
+    return Seeded(ids, keys, first)
 
 
 def describe(exc: BaseException) -> str:
@@ -151,9 +174,12 @@ def examples(
     base_url: str,
     session: requests.Session,
     tally: Tally,
+    seeded: Seeded,
 ) -> Callable[[], None]:
     """The hypothesis test of one operation in one mode: send each case, check the answer."""
-    secured = bool(operation.definition.raw.get("security"))
+    schemes = {
+        name for requirement in operation.definition.raw.get("security", []) for name in requirement
+    }
 
     @settings(
         max_examples=EXAMPLES,
@@ -164,8 +190,11 @@ def examples(
     )
     @given(case=strategy, token=st.booleans())
     def run(case: Case[Any], token: bool) -> None:
-        if secured and token:  # else: what schemathesis generated (none, or a wrong one)
+        if token and "admin_token" in schemes:  # else: what schemathesis generated
             case.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
+        elif token and "api_key" in schemes:
+            key = seeded.key_for(dict(case.path_parameters or {}))
+            case.headers["Authorization"] = f"Bearer {key}"
         response = case.call(base_url=base_url, session=session, timeout=30)
         tally.examples += 1
         tally.statuses[response.status_code] += 1
@@ -174,7 +203,7 @@ def examples(
     return run
 
 
-def fuzz(base_url: str, ids: dict[str, list[int]]) -> Tally:
+def fuzz(base_url: str, seeded: Seeded) -> Tally:
     """Run every operation of the document in both modes; return the tally."""
     schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
     tally = Tally()
@@ -197,7 +226,7 @@ def fuzz(base_url: str, ids: dict[str, list[int]]) -> Tally:
                         operation.as_strategy(
                             generation_mode=mode, path_parameters={parameter.name: value}
                         )
-                        for value in ids.get(parameter.name, [])
+                        for value in seeded.ids.get(parameter.name, [])
                     ]
             run = examples(
                 operation,
@@ -206,6 +235,7 @@ def fuzz(base_url: str, ids: dict[str, list[int]]) -> Tally:
                 base_url=base_url,
                 session=session,
                 tally=tally,
+                seeded=seeded,
             )
             try:
                 run()
@@ -220,10 +250,13 @@ def fuzz(base_url: str, ids: dict[str, list[int]]) -> Tally:
 async def test_fuzz_the_api_from_its_openapi_document(
     base_url: str, make_worker: Any, conn: Connection
 ) -> None:
-    worker = await make_worker(Registry())
-    ids = await seed(base_url, worker, conn)
+    handlers = Registry()  # no handlers; the application's queues, so exports are claimed
+    for name in (exports.QUEUE, reminders.QUEUE):
+        handlers.queue(name)
+    worker = await make_worker(handlers)
+    seeded = await seed(base_url, worker, conn)
     started = time.monotonic()
-    tally = await asyncio.to_thread(fuzz, base_url, ids)
+    tally = await asyncio.to_thread(fuzz, base_url, seeded)
     seconds = round(time.monotonic() - started, 1)
     summary = {
         "scenario": "fuzz",

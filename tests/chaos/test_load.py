@@ -2,7 +2,7 @@
 worker delivers them, then a drain. Nothing may be lost.
 
 `python -m jobq serve` (hypercorn, its worker in-process, `JOBQ_LOG_LEVEL=WARNING`) runs on the
-suite's database with `USERS` users whose webhook is a `bench.receiver.WebhookReceiver` in
+suite's database with `USERS` users whose webhook is a `tests.toolkit.receiver.WebhookReceiver` in
 this process (keep-alive, signatures checked). `bench.loadgen.open_loop` creates reminders at
 `TARGET_RATE_PER_S` for `DURATION_S` on a fixed schedule (users in turn; each due 1 to 10 s
 later, so within the run), over up to `MAX_CONNECTIONS` connections; a request that finds
@@ -38,13 +38,13 @@ from typing import Any
 
 import pytest
 
-from bench.harness import Proc, free_port, http_ready, spawn
-from bench.http_bench import create_users
+from bench.http_bench import SERVE_ENV, BenchUser, create_users
 from bench.loadgen import Request, Result, open_loop, percentile
-from bench.receiver import WebhookReceiver
 from jobq import db
 from jobq.db import Connection, Database
 from tests.chaos.helpers import emit
+from tests.toolkit.procs import Proc, check_running, free_port, http_ready, spawn
+from tests.toolkit.receiver import WebhookReceiver
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(900)]
 
@@ -110,16 +110,17 @@ async def server(database: Database, tmp_path: Path) -> AsyncIterator[tuple[Proc
     """`python -m jobq serve` with its worker on the session's database: (process, port)."""
     port = free_port()
     proc = spawn(
-        "jobq",
-        ["serve"],
         "serve",
-        database.dsn,
-        tmp_path,
-        JOBQ_HTTP_HOST="127.0.0.1",
-        JOBQ_HTTP_PORT=str(port),
-        JOBQ_RUN_WORKERS="true",
-        JOBQ_WEBHOOK_SECRET=WEBHOOK_SECRET,
-        JOBQ_JOB_MODULES="",
+        "serve",
+        database_url=database.dsn,
+        log_dir=tmp_path,
+        env={
+            **SERVE_ENV,
+            "JOBQ_HTTP_HOST": "127.0.0.1",
+            "JOBQ_HTTP_PORT": str(port),
+            "JOBQ_WEBHOOK_SECRET": WEBHOOK_SECRET,
+            "JOBQ_LOG_LEVEL": "WARNING",
+        },
     )
     try:
         await http_ready(port, proc)
@@ -133,7 +134,7 @@ async def server(database: Database, tmp_path: Path) -> AsyncIterator[tuple[Proc
 class Load:
     """The reminders requested and what came of them, over every phase."""
 
-    def __init__(self, users: list[int]) -> None:
+    def __init__(self, users: list[BenchUser]) -> None:
         self.users = users
         self.sequence = 0
         self.due_in_s: tuple[float, ...] = MAIN_DUE_IN_S
@@ -145,7 +146,8 @@ class Load:
         self.sequence += 1
         due_in_s = self.due_in_s[i % len(self.due_in_s)]
         body = {"message": f"load {i}", "remind_in_seconds": due_in_s}
-        return Request.json("POST", f"/users/{self.users[i % len(self.users)]}/reminders", body)
+        user_id, key = self.users[i % len(self.users)]
+        return Request.json("POST", f"/users/{user_id}/reminders", body, key=key)
 
     def answered(self, request: Request, status: int, body: bytes) -> None:
         if status == 201:
@@ -200,7 +202,7 @@ async def drain(conn: Connection, proc: Proc) -> float:
     """Wait until every reminder is sent (at most `DRAIN_S`); return the seconds it took."""
     started = time.monotonic()
     while (left := await conn.fetchval("SELECT count(*) FROM reminders WHERE sent_at IS NULL")) > 0:
-        proc.check_running()
+        check_running((proc,))
         waited = time.monotonic() - started
         assert waited < DRAIN_S, f"{left} reminders still unsent after {DRAIN_S:g} s"
         await asyncio.sleep(0.2)

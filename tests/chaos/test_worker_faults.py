@@ -21,7 +21,6 @@ from jobq.check import check
 from jobq.db import Connection
 from tests.chaos.helpers import (
     WORKER_ENV,
-    Procs,
     drained,
     emit,
     enqueue_jobs,
@@ -31,7 +30,7 @@ from tests.chaos.helpers import (
     verify,
 )
 from tests.chaos.journal import Analysis, seconds
-from tests.procs import eventually
+from tests.toolkit.procs import Procs, eventually
 
 pytestmark = pytest.mark.chaos
 
@@ -59,12 +58,22 @@ KILL_SLEEP_S = 0.25
 mid-ack) at every instant, and the 10,000 jobs take about a minute: some 25 kills."""
 
 
+@pytest.fixture(params=["direct", "pgbouncer"])
+def via(request: pytest.FixtureRequest, database_url: str) -> dict[str, str]:
+    """The workers' database settings: straight to the server, or their pools through
+    PgBouncer in transaction mode (their sessions still direct)."""
+    if request.param == "direct":
+        return {}
+    pooled: str = request.getfixturevalue("pgbouncer_url")
+    return {"DATABASE_URL": pooled, "JOBQ_DIRECT_DATABASE_URL": database_url}
+
+
 @pytest.mark.timeout(400)
 async def test_repeated_sigkill_loses_nothing_and_reruns_only_the_killed_workers_jobs(
-    procs: Procs, chaos_conn: Connection, database_url: str
+    procs: Procs, chaos_conn: Connection, database_url: str, via: dict[str, str]
 ) -> None:
     conn = chaos_conn
-    env = dict(WORKER_ENV)
+    env = {**WORKER_ENV, **via}
     live = [await procs.worker(conn, f"worker-{i}", env) for i in range(KILL_WORKERS)]
     sampler_conn = await db.connect(database_url)
     stop_sampling = asyncio.Event()
@@ -133,6 +142,7 @@ async def test_repeated_sigkill_loses_nothing_and_reruns_only_the_killed_workers
     emit(
         {
             "scenario": "repeated_sigkill",
+            "via": "pgbouncer" if via else "direct",
             **figures,
             "workers": KILL_WORKERS,
             "kills": len(kills),
@@ -190,7 +200,7 @@ async def test_hung_worker_loses_its_jobs_after_its_lease_and_its_late_outcomes_
 
     async def executions_by(worker_id: int | None) -> bool:
         count: int = await conn.fetchval(
-            "SELECT count(DISTINCT job_id) FROM chaos_execution WHERE worker_id = $1", worker_id
+            "SELECT count(DISTINCT job_id) FROM execution WHERE worker_id = $1", worker_id
         )
         return count == HUNG_JOBS
 
@@ -207,7 +217,7 @@ async def test_hung_worker_loses_its_jobs_after_its_lease_and_its_late_outcomes_
 
     async def a_finished() -> bool:
         count: int = await conn.fetchval(
-            "SELECT count(*) FROM chaos_execution WHERE worker_id = $1 AND finished_at IS NOT NULL",
+            "SELECT count(*) FROM execution WHERE worker_id = $1 AND finished_at IS NOT NULL",
             a.worker_id,
         )
         return count == HUNG_JOBS
@@ -307,7 +317,7 @@ async def test_sigterm_with_100_jobs_running_acks_the_finished_and_releases_the_
     ids = short | long
 
     async def all_running() -> bool:
-        count: int = await conn.fetchval("SELECT count(DISTINCT job_id) FROM chaos_execution")
+        count: int = await conn.fetchval("SELECT count(DISTINCT job_id) FROM execution")
         return count == STOP_JOBS
 
     await eventually(all_running, within=10, what="100 jobs to run", running=(a,))

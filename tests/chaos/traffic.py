@@ -9,10 +9,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from jobq.db import Connection
-from tests.chaos.helpers import Procs
-from tests.chaos.server import free_port
-from tests.procs import Proc, eventually
+from tests.toolkit.procs import Proc, Procs
 
 TIMEOUT_S = 15.0
 """The client's timeout: far beyond what an answer may take, so that a hang shows as one."""
@@ -32,7 +29,8 @@ class Request:
 
 @dataclass
 class Traffic:
-    """`loops` clients, each in turn creating a user, reading it back and asking /health, with
+    """`loops` clients, each in turn creating a user, reading it back (with its API key) and
+    asking /health, with
     a pause of `pause_s` between rounds, until `stop`."""
 
     base_url: str
@@ -41,30 +39,36 @@ class Traffic:
     requests: list[Request] = field(default_factory=list)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
-    async def _send(self, http: httpx.AsyncClient, method: str, path: str, **kw: object) -> int:
+    async def _send(
+        self, http: httpx.AsyncClient, method: str, path: str, **kw: object
+    ) -> tuple[int, str]:
+        """Send one request and record it; return the id and API key it created (a 201 from
+        `POST /users`), else `(0, "")`."""
         started = time.monotonic()
         status: int | None = None
         error = None
+        created: dict[str, object] = {}
         try:
             response = await http.request(method, path, **kw)  # type: ignore[arg-type]
             status = response.status_code
-            user_id = response.json().get("id") if status == 201 else None
+            created = response.json() if status == 201 else {}
         except httpx.HTTPError as exc:
             error = f"{type(exc).__name__}: {exc}"
-            user_id = None
         self.requests.append(
             Request(method, path, started, time.monotonic() - started, status, error)
         )
-        return int(user_id or 0)
+        return int(str(created.get("id", 0))), str(created.get("api_key", ""))
 
     async def _loop(self, http: httpx.AsyncClient) -> None:
         while not self.stop.is_set():
             email = f"chaos-{uuid.uuid4().hex[:12]}@example.com"
-            user_id = await self._send(
+            user_id, key = await self._send(
                 http, "POST", "/users", json={"name": "Chaos", "email": email}
             )
             if user_id:
-                await self._send(http, "GET", f"/users/{user_id}")
+                await self._send(
+                    http, "GET", f"/users/{user_id}", headers={"Authorization": f"Bearer {key}"}
+                )
             await self._send(http, "GET", "/health")
             await asyncio.sleep(self.pause_s)
 
@@ -87,28 +91,8 @@ class Traffic:
         )
 
 
-async def start_api(procs: Procs, conn: Connection, env: dict[str, str]) -> tuple[Proc, str]:
+async def start_api(procs: Procs, env: dict[str, str]) -> tuple[Proc, str]:
     """Start `python -m jobq serve` without a worker; return it and its base URL once /health
     answers 200."""
-    port = free_port()
-    api = procs.start(
-        "serve",
-        "api",
-        {
-            **env,
-            "JOBQ_HTTP_HOST": "127.0.0.1",
-            "JOBQ_HTTP_PORT": str(port),
-            "JOBQ_RUN_WORKERS": "false",
-        },
-    )
-    base_url = f"http://127.0.0.1:{port}"
-    async with httpx.AsyncClient(base_url=base_url, timeout=5) as http:
-
-        async def healthy() -> bool:
-            try:
-                return (await http.get("/health")).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        await eventually(healthy, within=20, what="the API to answer", running=(api,))
-    return api, base_url
+    api, port = await procs.serve("api", {**env, "JOBQ_RUN_WORKERS": "false"})
+    return api, f"http://127.0.0.1:{port}"

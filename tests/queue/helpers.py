@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 from collections.abc import Awaitable, Callable
 
 import asyncpg
 
 from jobq.db import Connection
 from jobq.queue import Worker
+from tests.toolkit.procs import eventually
 
 MakeWorker = Callable[..., Awaitable[Worker]]
 """`make_worker(handlers, *, state=None, **settings_overrides) -> Worker` (started)."""
@@ -43,23 +43,6 @@ async def where(conn: Connection, job_id: int) -> list[str]:
     return [table for table in TABLES if await row(conn, table, job_id) is not None]
 
 
-Check = Callable[[], Awaitable[object] | object]
-
-
-async def eventually(check: Check, *, within_s: float = 5) -> None:
-    """Poll `check` every 10 ms until it returns something true; raise `TimeoutError` after
-    `within_s` seconds.
-
-    Only for what no event can tell: another session's state (pg_locks, a backend's exit).
-    """
-    async with asyncio.timeout(within_s):
-        while True:
-            result = check()
-            if await result if inspect.isawaitable(result) else result:
-                return
-            await asyncio.sleep(0.01)
-
-
 async def wait_for_lock_waiter(conn: Connection) -> None:
     """Wait until some session of this database waits for a lock (a blocked statement)."""
 
@@ -70,7 +53,7 @@ async def wait_for_lock_waiter(conn: Connection) -> None:
         )
         return found
 
-    await eventually(waiting)
+    await eventually(waiting, what="a session to wait for a lock")
 
 
 class Gate:

@@ -12,7 +12,8 @@ from jobq.db import Connection
 from jobq.errors import DontRetry
 from jobq.queue import Job, JobContext, Registry, enqueue_many
 from tests.queue.conftest import NewWorker
-from tests.queue.helpers import MakeWorker, count, counts, eventually, where
+from tests.queue.helpers import MakeWorker, count, counts, where
+from tests.toolkit.procs import eventually
 
 
 class Args(BaseModel):
@@ -107,9 +108,10 @@ async def test_a_crash_before_the_ack_reruns_the_job(
 
     (job_id,) = await enqueue_many([Job(job_type="once", arguments={"n": 1})])
     doomed = await make_worker(handlers)
-    doomed.acker.deferred = True  # as under `run()`: the outcome waits for the next claim
+    doomed.acker.defer()  # as under `run()`: the outcome waits for the next claim
     assert await doomed.run_once() == 1
-    await eventually(lambda: doomed.acker.pending == 1)
+    # its handler has returned, and its outcome waits: the slot is still held
+    await eventually(lambda: doomed.running == 0 and len(doomed.slots.tokens) == 1)
     assert await where(conn, job_id) == ["job_running"]
     # The process dies: its listener session (and liveness lock) goes, no heartbeat follows.
     listener = doomed._listener
@@ -118,7 +120,7 @@ async def test_a_crash_before_the_ack_reruns_the_job(
     await eventually(lambda: not doomed.alive)
 
     rescuer = await make_worker(handlers)
-    await eventually(rescuer.rescue, within_s=10)  # once the doomed one's heartbeat is stale
+    await eventually(rescuer.rescue, within=10)  # once the doomed one's heartbeat is stale
     assert await where(conn, job_id) == ["job"]
     assert await rescuer.run_once() == 1
     await rescuer.wait_idle()

@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from jobq import clock
 from jobq.db import Connection, Database
 from jobq.queue import Job, JobContext, Registry, enqueue, store
+from tests import outcomes
 from tests.queue.helpers import Gate, MakeWorker, count, counts, row
 
 T0 = datetime(2030, 6, 1, 12, 0, tzinfo=UTC)
@@ -113,7 +114,7 @@ async def test_claim_moves_rows_with_a_new_token(conn: Connection) -> None:
         assert running[column] == before[column]
 
     # a new claim of the same job after a release gets a new token
-    assert await store.release(conn, claimed.token, now=now)
+    assert await outcomes.release(conn, claimed.token, now=now)
     (again,) = await store.claim(conn, worker_id=42, max_jobs=1, now=now, lease_expires_at=now)
     assert again.id == created.id
     assert again.token != claimed.token
@@ -192,9 +193,9 @@ async def test_stats_count_each_state_per_job_type(conn: Connection) -> None:
         claimed = await store.claim(conn, worker_id=1, max_jobs=10, now=T0, lease_expires_at=T0)
         for job in claimed:
             if job.job_type == "b" and job.arguments["n"] == 1:
-                assert await store.bury(conn, job.token, now=T0, error="x")
+                assert await outcomes.bury(conn, job.token, now=T0, error="x")
             else:
-                assert await store.release(conn, job.token, now=T0)
+                assert await outcomes.release(conn, job.token, now=T0)
         stats = await store.stats(conn, now=T0)
     assert stats == [
         {"job_type": "a", "ripe": 1, "scheduled": 1, "running": 2, "dead": 0},

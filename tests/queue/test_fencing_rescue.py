@@ -14,8 +14,10 @@ from pydantic import BaseModel
 from jobq import clock
 from jobq.db import Connection
 from jobq.queue import DontRetry, Job, JobContext, Registry, Worker, enqueue, store
+from tests import outcomes
 from tests.queue.conftest import NewWorker
-from tests.queue.helpers import Gate, MakeWorker, count, counts, eventually, row, where
+from tests.queue.helpers import Gate, MakeWorker, count, counts, row, where
+from tests.toolkit.procs import eventually
 
 T0 = datetime(2030, 6, 1, 12, 0, tzinfo=UTC)
 LEASE = timedelta(seconds=5)  # settings.lease in the tests
@@ -72,14 +74,14 @@ async def test_stale_token_changes_nothing(conn: Connection) -> None:
     assert fresh.attempts == 1
     before = await row(conn, "job_running", created.id)
 
-    assert await store.complete(conn, [stale.token]) == 0
-    assert await store.retry(conn, stale.token, ripe_at=now, error="stale", now=now) is False
-    assert await store.bury(conn, stale.token, now=now, error="stale") is False
-    assert await store.release(conn, stale.token, now=now) is False
+    assert await outcomes.complete(conn, [stale.token]) == 0
+    assert await outcomes.retry(conn, stale.token, ripe_at=now, error="stale", now=now) is False
+    assert await outcomes.bury(conn, stale.token, now=now, error="stale") is False
+    assert await outcomes.release(conn, stale.token, now=now) is False
 
     assert await row(conn, "job_running", created.id) == before
     assert await counts(conn) == {"job": 0, "job_running": 1, "job_dead": 0}
-    assert await store.complete(conn, [stale.token, fresh.token]) == 1
+    assert await outcomes.complete(conn, [stale.token, fresh.token]) == 1
     assert await counts(conn) == {"job": 0, "job_running": 0, "job_dead": 0}
 
 
@@ -92,9 +94,9 @@ async def test_outcome_verbs_with_the_right_token(conn: Connection) -> None:
         key=lambda j: j.arguments["n"],
     )
     ripe_at = now + timedelta(minutes=1)
-    assert await store.retry(conn, a.token, ripe_at=ripe_at, error="E1", now=now)
-    assert await store.bury(conn, b.token, now=now, error="E2")
-    assert await store.release(conn, c.token, now=now)
+    assert await outcomes.retry(conn, a.token, ripe_at=ripe_at, error="E1", now=now)
+    assert await outcomes.bury(conn, b.token, now=now, error="E2")
+    assert await outcomes.release(conn, c.token, now=now)
     ra, rc = await row(conn, "job", a.id), await row(conn, "job", c.id)
     rb = await row(conn, "job_dead", b.id)
     assert ra is not None
@@ -106,7 +108,7 @@ async def test_outcome_verbs_with_the_right_token(conn: Connection) -> None:
     assert c.ripe_at < now
     assert (rc["attempts"], rc["last_error"], rc["ripe_at"]) == (0, None, c.ripe_at)
     # every verb works once: the token is spent
-    assert not await store.retry(conn, a.token, ripe_at=ripe_at, error="again", now=now)
+    assert not await outcomes.retry(conn, a.token, ripe_at=ripe_at, error="again", now=now)
     assert await count(conn, "job_running") == 0
 
 
@@ -205,7 +207,7 @@ async def test_dead_worker_jobs_return_at_once(
 
     await kill_listener(worker_a, conn, how)
     # at once (the server ends the closed session's lock asynchronously), not after the 5 s lease
-    await eventually(worker_b.rescue, within_s=1)
+    await eventually(worker_b.rescue, within=1)
     queued = await row(conn, "job", created.id)
     assert queued is not None
     assert queued["attempts"] == 1

@@ -14,9 +14,11 @@ from pydantic import BaseModel
 from jobq import clock
 from jobq.db import Connection, Database
 from jobq.queue import Job, JobContext, Registry, Worker, enqueue, sql, store
+from tests import outcomes
 from tests.conftest import make_settings
 from tests.queue.conftest import NewWorker
-from tests.queue.helpers import Gate, MakeWorker, eventually, where
+from tests.queue.helpers import Gate, MakeWorker, where
+from tests.toolkit.procs import eventually
 
 LEASE = timedelta(seconds=5)
 
@@ -41,7 +43,7 @@ async def test_retry_of_a_job_with_a_queued_duplicate_keeps_the_job(conn: Connec
     )
     second = await enqueue(Job(job_type="dup", arguments={"k": 1}, max_retries=3))
     assert not second.duplicate  # documented: a running job does not count
-    assert await store.retry(conn, claimed.token, ripe_at=now, error="boom", now=now) is True
+    assert await outcomes.retry(conn, claimed.token, ripe_at=now, error="boom", now=now) is True
     assert await where(conn, first.id) == ["job_dead"]
     merged = await conn.fetchrow(
         "SELECT attempts, last_error FROM job_dead WHERE id = $1", first.id
@@ -63,7 +65,7 @@ async def test_release_of_a_job_with_a_queued_duplicate_keeps_the_job(conn: Conn
         conn, worker_id=1, max_jobs=1, now=now, lease_expires_at=now + LEASE
     )
     second = await enqueue(Job(job_type="dup", arguments={"k": 2}).runs_in(hours=1))
-    assert await store.release(conn, claimed.token, now=now) is True
+    assert await outcomes.release(conn, claimed.token, now=now) is True
     assert await where(conn, first.id) == ["job_dead"]
     # the released job would have kept its place (its own ripe_at): the twin takes it
     assert claimed.ripe_at < now

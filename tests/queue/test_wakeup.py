@@ -18,7 +18,8 @@ from jobq.db import Connection, Database, transaction
 from jobq.queue import Job, JobContext, Registry, Worker, enqueue
 from jobq.queue.notify import CHANNEL, Notifier, notifier
 from tests.queue.conftest import NewWorker
-from tests.queue.helpers import MakeWorker, eventually
+from tests.queue.helpers import MakeWorker
+from tests.toolkit.procs import eventually
 
 SLOW_POLL = 30.0  # seconds: a wake-up that waited for the poll would time the test out
 
@@ -231,7 +232,7 @@ async def test_listener_reconnects_and_listens_again(
             "SELECT pg_terminate_backend($1, 5000)", listener.get_server_pid()
         )
         # the heartbeat (every 0.1 s) reconnects the listener
-        await eventually(lambda: worker.alive and worker._listener is not listener, within_s=2)
+        await eventually(lambda: worker.alive and worker._listener is not listener, within=2)
         await asyncio.sleep(0.1)  # settled back into its 30 s idle sleep
         async with conn.transaction():
             await insert_job(conn, n=1, notify=True)

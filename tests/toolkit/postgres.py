@@ -1,31 +1,26 @@
-"""A PostgreSQL instance of the chaos suite's own, so that it can be restarted and crashed.
+"""A PostgreSQL server of one's own, in a temporary folder: the chaos suite's, which it restarts
+and crashes.
 
-It runs the binaries of the `pgserver` wheel (initdb, pg_ctl, postgres) in a temporary folder,
-listening on a free TCP port of 127.0.0.1 (clients reconnect over TCP as they would to a real
-server) and on a Unix socket in that folder. As root it runs as the system user `pgserver`, as
-`pgserver` itself does (PostgreSQL refuses to run as root). The machine's own server and the
-project's `.pgdata` are never touched.
+It runs the `pgserver` wheel's programs (initdb, pg_ctl, postgres) the one way
+`jobq.embedded.programs()` gives (as root: as the system user `pgserver`, who can reach them,
+since PostgreSQL refuses to run as root), so it starts wherever the embedded server of
+`make test` does. It listens on a free TCP port of 127.0.0.1 (clients reconnect over TCP as
+they would to a real server) and on a Unix socket in its folder. The machine's own server and
+the project's `.pgdata` are never touched.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import Literal
 
-with warnings.catch_warnings():
-    # platformdirs (imported by pgserver) warns that XDG_RUNTIME_DIR is unset: harmless
-    warnings.simplefilter("ignore", UserWarning)
-    from pgserver._commands import POSTGRES_BIN_PATH
-
-SYSTEM_USER = "pgserver"
-"""The system user the server runs as when the tests run as root (the one pgserver creates)."""
+from jobq import embedded
+from tests.toolkit.procs import free_port
 
 StopMode = Literal["smart", "fast", "immediate"]
 
@@ -44,14 +39,6 @@ track_activity_query_size = 16384
 queue's long statements shows in `pg_stat_activity` (to kill a session mid-claim)."""
 
 
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 class PostgresInstance:
     """One PostgreSQL server in `root` (data in `root/data`, log in `root/server.log`).
 
@@ -67,7 +54,7 @@ class PostgresInstance:
         self.socket_dir = root / "socket"
         self.log_path = root / "server.log"
         self.port = free_port()
-        self.run_as = SYSTEM_USER if os.geteuid() == 0 else None
+        self.bin_path, self.run_as = embedded.programs()
 
     @classmethod
     def create(cls) -> PostgresInstance:
@@ -84,7 +71,7 @@ class PostgresInstance:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     def _run(self, program: str, *args: str, timeout: float = 120) -> str:
-        command = [str(POSTGRES_BIN_PATH / program), *args]
+        command = [str(self.bin_path / program), *args]
         result = subprocess.run(  # noqa: S603 (the wheel's own binaries, our arguments)
             command,
             user=self.run_as,
@@ -109,9 +96,6 @@ class PostgresInstance:
         if self.run_as is not None:
             import pwd
 
-            from pgserver.utils import ensure_user_exists
-
-            ensure_user_exists(self.run_as)
             entry = pwd.getpwnam(self.run_as)
             for path in (self.root, self.data_dir, self.socket_dir):
                 os.chown(path, entry.pw_uid, entry.pw_gid)

@@ -1,9 +1,11 @@
-"""A webhook receiver built for load: HTTP/1.1 keep-alive on 127.0.0.1, on `asyncio.Protocol`.
+"""A real webhook receiver, for the tests and for load: HTTP/1.1 keep-alive on 127.0.0.1, on
+`asyncio.Protocol`.
 
-It answers every request `status` (default 200) with an empty body and keeps the connection
-open (jobq's HTTP client reuses it), and records each delivery of a reminder: the reminder id,
-the attempt number and the arrival time (wall clock) from the JSON body, and whether the
-`X-Jobq-Signature` matches the body under `secret` (checked independently of jobq's code).
+It answers every request `status` (default 200, changeable at any time) with an empty body and
+keeps the connection open (jobq's HTTP client reuses it). It records every request (`requests`:
+method, path, headers, body, arrival), and each delivery of a reminder (`deliveries`): the
+reminder id, the attempt number from the JSON body, the arrival time (wall clock), and whether
+the `X-Jobq-Signature` matches the body under `secret` (checked independently of jobq's code).
 Start it with `await receiver.start()`, stop it with `await receiver.close()`.
 """
 
@@ -18,10 +20,52 @@ import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http import HTTPStatus
 
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*(\d+)", re.IGNORECASE)
 _SIGNATURE = re.compile(rb"\r\nx-jobq-signature:[ \t]*([^\r]*)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Received:
+    """One request the receiver got: header names are lower-case; `body` is the raw bytes;
+    `received_at` is when it arrived."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    received_at: datetime
+
+
+def signature(secret: str, body: bytes) -> str:
+    """The `X-Jobq-Signature` a delivery of `body` must carry: computed here, independently of
+    jobq's own signing code."""
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def assert_reminder_delivery(
+    request: Received,
+    *,
+    secret: str,
+    reminder_id: int,
+    user_id: int,
+    message: str,
+    remind_at: datetime,
+    attempt: int = 1,
+) -> None:
+    """Assert that `request` is a signed JSON POST of that reminder to `/hook`."""
+    assert (request.method, request.path) == ("POST", "/hook")
+    assert request.headers["content-type"] == "application/json"
+    assert hmac.compare_digest(request.headers["x-jobq-signature"], signature(secret, request.body))
+    payload = json.loads(request.body)
+    assert payload["reminder_id"] == reminder_id
+    assert payload["user_id"] == user_id
+    assert payload["message"] == message
+    assert payload["remind_at"].endswith("Z")  # the API's one time format
+    assert datetime.fromisoformat(payload["remind_at"]) == remind_at
+    assert payload["attempt"] == attempt
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,15 +80,14 @@ class Delivery:
 
 @dataclass
 class WebhookReceiver:
-    """Records the reminder deliveries it gets, by reminder id (`deliveries`).
+    """Records every request, and the reminder deliveries by reminder id (`deliveries`).
 
-    `requests` counts every request; `malformed` those whose body is not a reminder's JSON;
-    `bad_signatures` those whose signature is missing or wrong (only when `secret` is set).
+    `malformed` counts the requests whose body is not a reminder's JSON; `bad_signatures` those
+    whose signature is missing or wrong (only when `secret` is set).
     """
 
     secret: str | None = None
     status: int = 200
-    requests: int = 0
     malformed: int = 0
     bad_signatures: int = 0
     deliveries: dict[int, list[Delivery]] = field(default_factory=lambda: defaultdict(list))
@@ -52,6 +95,13 @@ class WebhookReceiver:
     _server: asyncio.Server | None = None
     _transports: set[asyncio.Transport] = field(default_factory=set)
     _arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    _raw: list[tuple[bytes, bytes, datetime]] = field(default_factory=list)
+    _answers: dict[int, bytes] = field(default_factory=dict)
+
+    @property
+    def requests(self) -> list[Received]:
+        """Every request so far, in order of arrival."""
+        return [_parse(head, body, at) for head, body, at in self._raw]
 
     @property
     def url(self) -> str:
@@ -78,6 +128,13 @@ class WebhookReceiver:
                 transport.close()
             await self._server.wait_closed()
 
+    async def wait_for(self, count: int) -> list[Received]:
+        """Wait until `count` requests have arrived; return them."""
+        while len(self._raw) < count:
+            self._arrived.clear()
+            await self._arrived.wait()
+        return self.requests[:count]
+
     async def wait_delivered(self, count: int, *, timeout_s: float) -> bool:
         """Wait until `count` distinct reminders were delivered; False after `timeout_s`."""
         with contextlib.suppress(TimeoutError):
@@ -87,8 +144,17 @@ class WebhookReceiver:
                     await self._arrived.wait()
         return self.delivered >= count
 
+    def _answer(self) -> bytes:
+        """The answer to a request: `status`, an empty body."""
+        answer = self._answers.get(self.status)
+        if answer is None:
+            reason = HTTPStatus(self.status).phrase
+            answer = f"HTTP/1.1 {self.status} {reason}\r\nContent-Length: 0\r\n\r\n".encode()
+            self._answers[self.status] = answer
+        return answer
+
     def _record(self, head: bytes, body: bytes) -> None:
-        self.requests += 1
+        self._raw.append((head, body, datetime.now(UTC)))
         self._arrived.set()
         signed = True
         if self.secret is not None:
@@ -114,8 +180,6 @@ class _HookProtocol(asyncio.Protocol):
         self.receiver = receiver
         self.buffer = bytearray()
         self.transport: asyncio.Transport | None = None
-        reason = HTTPStatus(receiver.status).phrase
-        self.answer = f"HTTP/1.1 {receiver.status} {reason}\r\nContent-Length: 0\r\n\r\n".encode()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -141,4 +205,15 @@ class _HookProtocol(asyncio.Protocol):
             del self.buffer[:stop]
             self.receiver._record(head, body)
             assert self.transport is not None
-            self.transport.write(self.answer)
+            self.transport.write(self.receiver._answer())
+
+
+def _parse(head: bytes, body: bytes, received_at: datetime) -> Received:
+    request_line, *lines = head.decode("latin-1").split("\r\n")
+    method, path, _ = request_line.split(" ", 2)
+    headers: dict[str, str] = {}
+    for line in lines:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    return Received(method, path, headers, body, received_at)

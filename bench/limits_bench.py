@@ -1,0 +1,266 @@
+"""The workloads of queues and limits: `limits_overhead`, `queue_isolation`, `held_back_claim`.
+Each function is one run and returns its lines' figures. The queues are `bench.queues`'.
+
+What is timed, exactly:
+
+- `limits_overhead`: as `throughput` at concurrency 16 (one worker process, 16 slots, 20,000
+  `bench_noop` jobs enqueued in one `enqueue_many` once it is registered, drained until `job`
+  and `job_running` are empty), twice in the run: on `bench_free` (no limits), then on
+  `bench_limited` (every kind of limit, none binding). The jobs spread over 50 concurrency
+  keys in both. `ratio_to_unlimited`: the limited drain's jobs/s over the free one's.
+- `queue_isolation`: one worker process with `JOBQ_QUEUES=bench_slow:2,bench_fast:8`; 10,000
+  `bench_sleep` jobs (5 s each) on `bench_slow` keep its 2 slots busy, then 500 `bench_stamp`
+  jobs on `bench_fast`, each enqueued in its own transaction, one every 20 ms. Pickup: as
+  `pickup_latency` (the handler's first wall-clock reading minus the producer's after COMMIT).
+- `held_back_claim`: no worker. `bench_held` (at most 1 running job per key) holds 100,000
+  ripe jobs of key `hot`, older than everything else, whose one slot is taken (a `job_running`
+  row of a worker that does not exist), and 5 ripe jobs of 5 other keys. The claim statement
+  (`jobq.queue.sql.job_claim`, 1 free slot) runs 200 times, each in a transaction rolled back;
+  then the 100,000 held jobs are deleted (and vacuumed) and the same is timed again: `empty_*`.
+  `*_buffers`: the shared buffers (hit + read) of the claim under `EXPLAIN (ANALYZE,
+  BUFFERS)`, including those its function `job_claimable` reads (PostgreSQL counts the
+  buffers of a function's statements in its Function Scan); `*function_buffers`: those of
+  `SELECT * FROM job_claimable(...)` alone (not rolled back: it only reads and locks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+from typing import Any
+
+from bench import queues
+from bench.context import Context, Figures
+from bench.handlers import NOOP, SLEEP, STAMP
+from bench.harness import wait_drained
+from bench.loadgen import percentile
+from jobq import clock
+from jobq.db import Connection
+from jobq.queue import Job, enqueue, enqueue_many, sql, store
+from jobq.queue.registry import registry
+from tests.toolkit.procs import Proc, check_running, registered
+
+OVERHEAD_JOBS = 20_000
+OVERHEAD_SLOTS = 16
+OVERHEAD_KEYS = 50
+SLOW_JOBS = 10_000
+SLOW_SLEEP_S = 5.0
+FAST_JOBS = 500
+FAST_RATE_PER_S = 50.0
+HELD_JOBS = 100_000
+HELD_FREE_KEYS = 5
+HELD_CLAIMS = 200
+FAKE_WORKER = 2_000_000_000
+"""A worker id that no worker has: the running job that fills `hot`'s slot, and the claims'."""
+
+
+def _worker(ctx: Context, what: str, served: str, **env: str) -> Proc:
+    return ctx.spawn(
+        "worker", what, JOBQ_JOB_MODULES="bench.handlers,bench.queues", JOBQ_QUEUES=served, **env
+    )
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+# -- limits_overhead ---------------------------------------------------------------------------
+
+
+async def limits_overhead(ctx: Context) -> list[Figures]:
+    """The drain of `bench_free`, then of `bench_limited`, at 16 slots."""
+    free = await _drain(ctx, queues.FREE)
+    limited = await _drain(ctx, queues.LIMITED)
+    return [
+        {
+            "concurrency": OVERHEAD_SLOTS,
+            "jobs_per_s": round(limited, 1),
+            "unlimited_jobs_per_s": round(free, 1),
+            "ratio_to_unlimited": round(limited / free, 3),
+        }
+    ]
+
+
+async def _drain(ctx: Context, queue: str) -> float:
+    """Enqueue `OVERHEAD_JOBS` no-op jobs on `queue` for a registered worker; return jobs/s
+    from the enqueue's COMMIT until the last outcome is committed."""
+    await ctx.database.reset()
+    jobs = [
+        Job(job_type=NOOP, arguments={"i": i}, queue=queue, concurrency_key=f"k{i % OVERHEAD_KEYS}")
+        for i in range(OVERHEAD_JOBS)
+    ]
+    proc = _worker(ctx, f"overhead-{queue}", f"{queue}:{OVERHEAD_SLOTS}")
+    try:
+        async with ctx.connection() as conn:
+            await registered(conn, proc)
+            async with ctx.jobq_database():
+                ids = await enqueue_many(jobs)
+                committed = time.perf_counter()
+            assert len(ids) == OVERHEAD_JOBS
+            drained = await wait_drained(conn, within_s=300, proc=proc)
+    finally:
+        await proc.stop()
+    return OVERHEAD_JOBS / (drained - committed)
+
+
+# -- queue_isolation ---------------------------------------------------------------------------
+
+
+async def queue_isolation(ctx: Context) -> list[Figures]:
+    """Pickup latency of `bench_fast` while `bench_slow` is saturated."""
+    await ctx.database.reset()
+    proc = _worker(ctx, "isolation", f"{queues.SLOW}:2,{queues.FAST}:8", JOBQ_DRAIN_TIMEOUT_S="1")
+    committed_s: dict[int, float] = {}
+    try:
+        async with ctx.connection() as conn:
+            await registered(conn, proc)
+            slow = [
+                Job(job_type=SLEEP, arguments={"seconds": SLOW_SLEEP_S, "i": i}, queue=queues.SLOW)
+                for i in range(SLOW_JOBS)
+            ]
+            async with ctx.jobq_database():
+                await enqueue_many(slow)
+                start = time.perf_counter()
+                for seq in range(FAST_JOBS):
+                    delay = start + seq / FAST_RATE_PER_S - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    job = Job(
+                        job_type=STAMP,
+                        arguments={"seq": seq, "run": str(ctx.run)},
+                        queue=queues.FAST,
+                    )
+                    enqueued = await enqueue(job)
+                    committed_s[enqueued.id] = time.time()
+            deadline = time.monotonic() + 30
+            while (await conn.fetchval("SELECT count(*) FROM bench_event")) < FAST_JOBS:
+                check_running((proc,))
+                assert time.monotonic() < deadline, "the fast jobs did not all run in 30 s"
+                await asyncio.sleep(0.05)
+            slow_running: int = await conn.fetchval(
+                "SELECT count(*) FROM job_running WHERE queue = $1", queues.SLOW
+            )
+            rows = await conn.fetch("SELECT job_id, started_s FROM bench_event")
+    finally:
+        await proc.stop()
+    latencies = [r["started_s"] - committed_s[r["job_id"]] for r in rows]
+    return [
+        {
+            "p50_ms": _ms(percentile(latencies, 50)),
+            "p99_ms": _ms(percentile(latencies, 99)),
+            "max_ms": _ms(max(latencies)),
+            "slow_running": slow_running,
+        }
+    ]
+
+
+# -- held_back_claim ---------------------------------------------------------------------------
+
+FILL = """
+INSERT INTO job (job_type, arguments, ripe_at, priority, max_retries, created_at, queue,
+                 concurrency_key)
+SELECT $1, jsonb_build_object('i', g), $2::timestamptz + g * interval '1 microsecond', 0, 5,
+       $2, $3, $4
+FROM generate_series(1, $5::int) AS g
+"""
+
+HOLD = """
+INSERT INTO job_running (id, job_type, arguments, ripe_at, priority, attempts, max_retries,
+                         created_at, worker_id, claimed_at, lease_expires_at, token, queue,
+                         concurrency_key)
+VALUES (0, $1, '{}', $2::timestamptz, 0, 0, 5, $2, $3, $2, $2::timestamptz + interval '1 day',
+        nextval('job_fencing_token'), $4, $5)
+"""
+
+
+async def held_back_claim(ctx: Context) -> list[Figures]:
+    """Claims of `bench_held` with 100,000 jobs held back by its per-key limit, then without."""
+    await ctx.database.reset()
+    now = clock.now()
+    async with ctx.connection() as conn:
+        await store.declare_queues(conn, [registry.queues()[queues.HELD]])
+        await conn.execute(HOLD, NOOP, now - timedelta(hours=2), FAKE_WORKER, queues.HELD, "hot")
+        await conn.execute(FILL, NOOP, now - timedelta(hours=1), queues.HELD, "hot", HELD_JOBS)
+        for k in range(HELD_FREE_KEYS):
+            await conn.execute(
+                "INSERT INTO job (job_type, arguments, ripe_at, priority, max_retries, created_at,"
+                " queue, concurrency_key)"
+                " VALUES ($1, jsonb_build_object('free', $2::int), $3, 0, 5, $3, $4, $5)",
+                NOOP,
+                k,
+                now - timedelta(minutes=1),
+                queues.HELD,
+                f"free-{k}",
+            )
+        await conn.execute("VACUUM ANALYZE job")
+        held = await _claims(conn)
+        await conn.execute(
+            "DELETE FROM job WHERE queue = $1 AND concurrency_key = 'hot'", queues.HELD
+        )
+        await conn.execute("VACUUM ANALYZE job")
+        empty = await _claims(conn)
+    return [
+        {
+            "held_jobs": HELD_JOBS,
+            "p50_ms": held["p50_ms"],
+            "p99_ms": held["p99_ms"],
+            "buffers": held["buffers"],
+            "function_buffers": held["function_buffers"],
+            "empty_p50_ms": empty["p50_ms"],
+            "empty_p99_ms": empty["p99_ms"],
+            "empty_buffers": empty["buffers"],
+            "empty_function_buffers": empty["function_buffers"],
+        }
+    ]
+
+
+async def _claims(conn: Connection) -> dict[str, Any]:
+    """Time `HELD_CLAIMS` claims of one job of `bench_held`, each rolled back; and read the
+    buffers of one under EXPLAIN (ANALYZE, BUFFERS)."""
+
+    def args() -> list[Any]:
+        now = clock.now()
+        return sql.job_claim.args(
+            completed=[],
+            now=now,
+            queues=[queues.HELD],
+            slots=[1],
+            worker_id=FAKE_WORKER + 1,
+            lease_expires_at=now + timedelta(minutes=5),
+        )
+
+    took = []
+    for _ in range(HELD_CLAIMS):
+        transaction = conn.transaction()
+        await transaction.start()
+        try:
+            started = time.perf_counter()
+            rows = await conn.fetch(sql.job_claim.text, *args())
+            took.append(time.perf_counter() - started)
+            assert [r["id"] is not None for r in rows] == [True], "the claim found no job"
+        finally:
+            await transaction.rollback()
+    transaction = conn.transaction()
+    await transaction.start()
+    try:
+        plan: Any = await conn.fetchval(
+            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql.job_claim.text}", *args()
+        )
+    finally:
+        await transaction.rollback()
+    top = plan[0]["Plan"]  # the connection decodes json
+    # the function alone: a Function Scan reads no buffers itself, so these are its statements'
+    alone: Any = await conn.fetchval(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM job_claimable($1, $2, $3)",
+        [queues.HELD],
+        [1],
+        clock.now(),
+    )
+    scan = alone[0]["Plan"]
+    return {
+        "function_buffers": scan["Shared Hit Blocks"] + scan["Shared Read Blocks"],
+        "p50_ms": _ms(percentile(took, 50)),
+        "p99_ms": _ms(percentile(took, 99)),
+        "buffers": top["Shared Hit Blocks"] + top["Shared Read Blocks"],
+    }
