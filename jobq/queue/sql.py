@@ -187,7 +187,7 @@ def _claiming(record: str, recorded: str) -> Query:
     outcome is recorded free the slots that the claim fills). Paused queues are skipped. A queue
     without limits is claimed here, from its line (`job_claim_idx`); the jobs of queues with
     limits are chosen by `job_claimable` (sql/005_queues.sql), which makes their claims take
-    turns. Claims of rate-limited queues are appended to their windows (`job_rate`).
+    turns and writes their starts to the rate windows (`job_rate`).
     It returns the claimed jobs, then one row per recorded token (id NULL).
     """
     return Query(f"""
@@ -225,26 +225,6 @@ WITH {record}, q AS (
     FROM claimed AS c  -- in the order of the claim (a join could reorder the jobs)
     RETURNING token, id, job_type, arguments, attempts, max_retries, ripe_at, claimed_at, queue,
               concurrency_key
-), rated AS (
-    INSERT INTO job_rate AS w (queue, concurrency_key, period, starts)
-    SELECT s.queue, s.key, s.period, array_agg(s.claimed_at ORDER BY s.claimed_at)
-    FROM (
-        SELECT r.queue, '' AS key, jq.rate_period AS period, r.claimed_at
-        FROM running AS r JOIN job_queue AS jq ON jq.name = r.queue
-        WHERE jq.rate_max_starts IS NOT NULL
-        UNION ALL
-        SELECT r.queue, r.concurrency_key, jq.key_rate_period, r.claimed_at
-        FROM running AS r JOIN job_queue AS jq ON jq.name = r.queue
-        WHERE jq.key_rate_max_starts IS NOT NULL AND r.concurrency_key IS NOT NULL
-    ) AS s
-    WHERE EXISTS (SELECT FROM q WHERE q.limited)
-    GROUP BY s.queue, s.key, s.period
-    ON CONFLICT (queue, concurrency_key) DO UPDATE
-    SET period = EXCLUDED.period,
-        -- in order, oldest first; the new starts are never before the window's last
-        starts = ARRAY(SELECT t FROM unnest(w.starts) AS t
-                       WHERE t > EXCLUDED.starts[cardinality(EXCLUDED.starts)] - EXCLUDED.period)
-                 || EXCLUDED.starts
 )
 SELECT * FROM running
 UNION ALL
@@ -252,7 +232,6 @@ SELECT token, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM {recorde
 """)
 
 
-# The usual claim: the jobs that finished since the last one all succeeded.
 # The usual claim: the jobs that finished since the last one all succeeded.
 job_claim = _claiming(_COMPLETED, "completed")
 
@@ -364,22 +343,19 @@ SELECT least(
     (SELECT min(n.ripe_at) FROM unnest(:queues::text[]) AS q(name) CROSS JOIN LATERAL (
          SELECT ripe_at FROM job WHERE job.queue = q.name AND ripe_at > :now
          ORDER BY ripe_at LIMIT 1) AS n),
-    (SELECT min(o.opens_at) FROM job_rate AS w JOIN job_queue AS jq ON jq.name = w.queue
-     CROSS JOIN LATERAL (
-         SELECT t + w.period AS opens_at FROM unnest(w.starts) AS t
-         ORDER BY t DESC
-         OFFSET CASE WHEN w.concurrency_key = '' THEN jq.rate_max_starts
-                     ELSE jq.key_rate_max_starts END - 1
-         LIMIT 1) AS o
-     WHERE w.queue = ANY(:queues::text[]) AND o.opens_at > :now)
+    job_rate_opens_at(:queues::text[], :now::timestamptz)
 )
 """)
 
-# Forget the rate windows whose claims are all older than their period, and a minute more: a
-# claim that read its clock up to a minute before this one's still finds the starts it counts.
+# Forget the starts older than their window's period, and a minute more: a claim that read its
+# clock up to a minute before this one's still finds the starts it counts. A queue's '' rows
+# (all its starts) bound its keys' starts too (job_claimable): they stay for the longer period.
 job_rate_prune = Query("""
-DELETE FROM job_rate
-WHERE starts[cardinality(starts)] <= :now::timestamptz - period - interval '1 minute'
+DELETE FROM job_rate AS r USING job_queue AS jq
+WHERE jq.name = r.queue
+  AND r.at <= :now::timestamptz - interval '1 minute' - coalesce(CASE
+      WHEN r.concurrency_key = '' THEN greatest(jq.rate_period, jq.key_rate_period)
+      ELSE jq.key_rate_period END, interval '0')
 """)
 
 job_stats = Query("""

@@ -278,8 +278,8 @@ async def next_ripe_at(
 
 
 async def prune_rates(conn: Connection, *, now: datetime) -> int:
-    """Forget the rate windows (`job_rate`) whose claims are all older than their period at
-    `now`; return how many."""
+    """Forget the starts in the rate windows (`job_rate`) older than their period (and a
+    minute) at `now`; return how many rows went."""
     status = await sql.job_rate_prune.execute(conn, now=now)
     return int(status.split()[-1])
 
