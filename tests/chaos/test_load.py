@@ -1,29 +1,32 @@
-"""Load: 1,000 reminder creations per second over HTTP for 60 s while the same process's
-worker delivers them, then a drain. Nothing may be lost.
+"""Load through `make run`'s supervisor: the highest rate of reminder creations it serves
+without errors, then 80% of it for 60 s, with every reminder due during the load delivered on
+time *during* the load. Nothing may be lost.
 
-`python -m jobq serve` (hypercorn, its worker in-process, `JOBQ_LOG_LEVEL=WARNING`) runs on the
-suite's database with `USERS` users whose webhook is a `tests.toolkit.receiver.WebhookReceiver` in
-this process (keep-alive, signatures checked). `bench.loadgen.open_loop` creates reminders at
-`TARGET_RATE_PER_S` for `DURATION_S` on a fixed schedule (users in turn; each due 1 to 10 s
-later, so within the run), over up to `MAX_CONNECTIONS` connections; a request that finds
-them all busy waits in a backlog of one second's worth, past which it is dropped (never sent).
-Latency runs from each request's scheduled time. Then the drain: until every reminder is sent.
+`python -m jobq run` (the supervisor: web and worker processes, one of each per CPU by default,
+`JOBQ_LOG_LEVEL=WARNING`) runs on the suite's database with `USERS` users whose webhook is a
+`tests.toolkit.receiver.WebhookReceiver` in this process (keep-alive, signatures checked).
+`bench.loadgen.open_loop` creates reminders at a fixed rate on a fixed schedule (users in turn),
+over up to `MAX_CONNECTIONS` connections; a request that finds them all busy waits in a backlog
+of one second's worth, past which it is dropped (never sent). Latency runs from each request's
+scheduled time.
 
-The rate is *held* when nothing was dropped, nothing failed, and p99 latency (from the
-schedule) stayed under `HELD_P99_MS`. When the target is not held, short steps (`STEP_S`
-each, at most `MAX_STEPS`, reminders due 0.5 to 2 s later, each step drained before the next)
-look for the highest rate that is, starting just under the rate achieved;
-their reminders are checked like the others.
+A rate is *held* when nothing was dropped, nothing failed, and p99 latency (from the schedule)
+stayed under `HELD_P99_MS`. The ramp: steps of `STEP_S` (reminders due 0.5 to 2 s later, each
+step drained before the next) from `FIRST_RATE_PER_S`, each `RAMP` times the last, until one is
+not held (at most `MAX_STEPS`); the last held is the highest rate. The sustained load: 80% of
+it for `DURATION_S`, reminders due 1 to 10 s later; then the drain, until every reminder is
+sent. The delivery lateness (first delivery minus the reminder's due time) is reported for the
+reminders due while the load ran (`during_load`) and for all.
 
-The checks: no 5xx, no other non-201 answer, no transport error; every reminder created ends
+The checks: under the sustained load no 5xx, no other non-201 answer, no transport error (a
+ramp step past the capacity reports its own); every reminder created in any phase ends
 `sent`, its job gone from `job`, `job_running` and `job_dead`; the receiver saw each at least
 once, correctly signed, and nothing else; and each was marked sent exactly once (a trigger
-installed for the test records every update that sets or changes `sent_at`). One JSON line of
-figures (`scenario: load`) is printed and appended to `.chaos/results.jsonl`: besides the
-rates and latencies, `run_twice` (reminders delivered more than once), `drain_s` (after the
-main run) and the delivery lateness (first delivery minus the reminder's due time).
+installed for the test records every update that sets or changes `sent_at`); the supervisor
+exits 0 on SIGTERM. One JSON line of figures (`scenario: load`) is printed and appended to
+`.chaos/results.jsonl`. The lateness is a figure, not a check: it depends on the machine.
 
-`CHAOS_LOAD_RATE` and `CHAOS_LOAD_DURATION_S` override the target rate and the duration.
+`CHAOS_LOAD_DURATION_S` overrides the sustained load's duration.
 """
 
 from __future__ import annotations
@@ -48,17 +51,20 @@ from tests.toolkit.receiver import WebhookReceiver
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(900)]
 
-TARGET_RATE_PER_S = float(os.environ.get("CHAOS_LOAD_RATE", "1000"))
 DURATION_S = float(os.environ.get("CHAOS_LOAD_DURATION_S", "60"))
+SUSTAINED = 0.8
+"""The sustained load's rate, as a share of the highest held rate."""
+FIRST_RATE_PER_S = 300.0
+RAMP = 1.25
 USERS = 200
 MAX_CONNECTIONS = 64
 """Enough to keep the server busy at its capacity; more would only queue inside it."""
 REQUEST_TIMEOUT_S = 30.0
 HELD_P99_MS = 1000.0
 STEP_S = 10.0
-MAX_STEPS = 3
+MAX_STEPS = 8
 MAIN_DUE_IN_S = tuple(float(s) for s in range(1, 11))
-"""The main run's reminders are due 1 to 10 s after their creation (users in turn)."""
+"""The sustained load's reminders are due 1 to 10 s after their creation (users in turn)."""
 STEP_DUE_IN_S = (0.5, 1.0, 1.5, 2.0)
 """A step's are due sooner, so that its deliveries overlap its creations as they would in a
 longer run."""
@@ -107,11 +113,12 @@ async def receiver() -> AsyncIterator[WebhookReceiver]:
 
 @pytest.fixture
 async def server(database: Database, tmp_path: Path) -> AsyncIterator[tuple[Proc, int]]:
-    """`python -m jobq serve` with its worker on the session's database: (process, port)."""
+    """`python -m jobq run` (the supervisor of `make run`) on the session's database:
+    (process, port)."""
     port = free_port()
     proc = spawn(
-        "serve",
-        "serve",
+        "run",
+        "run",
         database_url=database.dsn,
         log_dir=tmp_path,
         env={
@@ -127,7 +134,7 @@ async def server(database: Database, tmp_path: Path) -> AsyncIterator[tuple[Proc
         yield proc, port
     finally:
         await proc.stop()
-        print(f"----- serve (pid {proc.pid}, exit {proc.popen.returncode}) -----")
+        print(f"----- run (pid {proc.pid}, exit {proc.popen.returncode}) -----")
         print(proc.log()[-5000:])
 
 
@@ -183,19 +190,22 @@ def held(result: Result) -> bool:
     )
 
 
-async def find_held_rate(
-    load: Load, port: int, achieved: float, conn: Connection, proc: Proc
-) -> float | None:
-    """Short steps down from just under the rate `achieved`, each from an empty delivery
-    backlog; the first held rate, or None."""
-    rate = max(10.0, round(achieved * 0.9, -1))
+async def find_highest_rate(load: Load, port: int, conn: Connection, proc: Proc) -> float:
+    """Steps up from `FIRST_RATE_PER_S`, each from an empty delivery backlog, until one is not
+    held; the last held rate (the first step's rate scaled down by its shortfall if even that
+    was not held)."""
+    rate = FIRST_RATE_PER_S
+    highest: float | None = None
     for _ in range(MAX_STEPS):
         result = await load.run(port, rate, STEP_S, STEP_DUE_IN_S)
         await drain(conn, proc)
-        if held(result):
-            return rate
-        rate = max(10.0, round(min(rate, result.ok_per_s) * 0.8, -1))
-    return None
+        if not held(result):
+            break
+        highest = rate
+        rate = round(rate * RAMP, -1)
+    if highest is None:
+        highest = round(min(rate, result.ok_per_s) * 0.8, -1)
+    return highest
 
 
 async def drain(conn: Connection, proc: Proc) -> float:
@@ -209,7 +219,7 @@ async def drain(conn: Connection, proc: Proc) -> float:
     return time.monotonic() - started
 
 
-async def test_load_1000_reminders_per_second_loses_nothing(
+async def test_load_at_80_percent_of_the_highest_rate_delivers_on_time_and_loses_nothing(
     marks: Connection, receiver: WebhookReceiver, server: tuple[Proc, int]
 ) -> None:
     conn = marks
@@ -217,17 +227,19 @@ async def test_load_1000_reminders_per_second_loses_nothing(
     users = await create_users(port, USERS, receiver.url)
     load = Load(users)
 
-    main = await load.run(port, TARGET_RATE_PER_S, DURATION_S, MAIN_DUE_IN_S)
+    highest = await find_highest_rate(load, port, conn, proc)
+    rate = round(highest * SUSTAINED, -1)
+    load_started = time.time()
+    main = await load.run(port, rate, DURATION_S, MAIN_DUE_IN_S)
+    load_ended = time.time()
     drain_s = await drain(conn, proc)
-    if held(main):
-        held_rate: float | None = TARGET_RATE_PER_S
-    else:
-        held_rate = await find_held_rate(load, port, main.ok_per_s, conn, proc)
 
     # -- the checks ------------------------------------------------------------------------
-    server_errors = sum(r.server_errors for r in load.results)
-    transport_errors = sum(sum(r.errors.values()) for r in load.results)
-    other = sum(r.answered - r.statuses[201] for r in load.results)
+    # the sustained load must be clean; a ramp step past the capacity may fail requests (each
+    # step reports them), but every reminder created in any phase must be delivered
+    server_errors = main.server_errors
+    transport_errors = sum(main.errors.values())
+    other = main.answered - main.statuses[201]
     rows = await conn.fetch("SELECT id, remind_at, sent_at FROM reminders")
     in_db = {r["id"] for r in rows}
     sent = {r["id"] for r in rows if r["sent_at"] is not None}
@@ -243,10 +255,16 @@ async def test_load_1000_reminders_per_second_loses_nothing(
     )
     lost = load.created - (sent & seen)
     run_twice = sum(1 for d in receiver.deliveries.values() if len(d) > 1)
-    lateness = [
-        min(d.received_s for d in receiver.deliveries[r["id"]]) - r["remind_at"].timestamp()
+    lateness = {
+        r["id"]: min(d.received_s for d in receiver.deliveries[r["id"]])
+        - r["remind_at"].timestamp()
         for r in rows
         if r["id"] in seen
+    }
+    during = [
+        lateness[r["id"]]
+        for r in rows
+        if r["id"] in lateness and load_started <= r["remind_at"].timestamp() <= load_ended
     ]
 
     figures: dict[str, Any] = {
@@ -254,10 +272,10 @@ async def test_load_1000_reminders_per_second_loses_nothing(
         "jobs": len(load.created),
         "lost": len(lost),
         "run_twice": run_twice,
-        "target_rate": TARGET_RATE_PER_S,
+        "highest_held_rate": highest,
+        "rate": rate,
         "achieved_rate": round(main.ok_per_s, 1),
         "held": held(main),
-        "highest_held_rate": held_rate,
         "p50_ms": round(main.percentile_ms(50), 1),
         "p99_ms": round(main.percentile_ms(99), 1),
         "5xx": server_errors,
@@ -265,17 +283,22 @@ async def test_load_1000_reminders_per_second_loses_nothing(
         "dropped": main.dropped,
         "duration_s": DURATION_S,
         "drain_s": round(drain_s, 1),
-        "delivery_lateness_p50_ms": round(percentile(lateness, 50) * 1000, 1),
-        "delivery_lateness_p99_ms": round(percentile(lateness, 99) * 1000, 1),
+        "due_during_load": len(during),
+        "lateness_during_load_p50_ms": round(percentile(during, 50) * 1000, 1) if during else None,
+        "lateness_during_load_p99_ms": round(percentile(during, 99) * 1000, 1) if during else None,
+        "lateness_during_load_max_ms": round(max(during) * 1000, 1) if during else None,
+        "lateness_all_p99_ms": round(percentile(list(lateness.values()), 99) * 1000, 1),
         "steps": [
             {
                 "rate": r.target_rate_per_s,
                 "achieved": round(r.ok_per_s, 1),
                 "p99_ms": round(r.percentile_ms(99), 1),
                 "dropped": r.dropped,
+                "5xx": r.server_errors,
+                "transport_errors": sum(r.errors.values()),
                 "held": held(r),
             }
-            for r in load.results[1:]
+            for r in load.results[:-1]
         ],
         "users": USERS,
         "connections_opened": main.connections_opened,
@@ -283,8 +306,8 @@ async def test_load_1000_reminders_per_second_loses_nothing(
     emit(figures)
 
     assert server_errors == 0, "5xx answers"
-    assert transport_errors == 0, f"transport errors: {[dict(r.errors) for r in load.results]}"
-    assert other == 0, f"answers other than 201: {[dict(r.statuses) for r in load.results]}"
+    assert transport_errors == 0, f"transport errors: {dict(main.errors)}"
+    assert other == 0, f"answers other than 201: {dict(main.statuses)}"
     assert load.created, "no reminder was created"
     assert in_db == load.created, "the database's reminders differ from those created"
     assert not lost, (
@@ -295,4 +318,5 @@ async def test_load_1000_reminders_per_second_loses_nothing(
     assert receiver.malformed == 0
     assert mark_counts == dict.fromkeys(load.created, 1), "a reminder not marked sent exactly once"
     assert leftover_jobs == 0, "send_reminder jobs left in job, job_running or job_dead"
+    assert during, "no reminder was due during the load"
     assert await proc.stop() == 0
