@@ -223,6 +223,8 @@ async def _claims(conn: Connection) -> dict[str, Any]:
         now = clock.now()
         return sql.job_claim.args(
             completed=[],
+            results=[],
+            retain=True,
             now=now,
             queues=[queues.HELD],
             slots=[1],

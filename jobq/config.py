@@ -155,6 +155,17 @@ class Settings(BaseSettings):
         default=timedelta(seconds=60), validation_alias=_env("JOB_TIMEOUT_S")
     )
     """Default limit on one attempt of a job; a handler may declare its own."""
+    retention: Seconds = Field(default=timedelta(days=7), validation_alias=_env("RETENTION_S"))
+    """How long finished jobs (succeeded, cancelled) stay in `job_done` with their result, at
+    least: they go a day at a time (0: none is kept)."""
+    prune_interval: Seconds = Field(
+        default=timedelta(minutes=1), validation_alias=_env("PRUNE_INTERVAL_S")
+    )
+    """How often a worker prunes finished jobs past the retention (one worker at a time)."""
+    max_result_bytes: int = Field(
+        default=64 * 1024, ge=0, validation_alias=_env("MAX_RESULT_BYTES")
+    )
+    """The largest result a handler may return, as JSON; a larger one fails its job."""
     backoff_base: Seconds = Field(
         default=timedelta(seconds=2), validation_alias=_env("BACKOFF_BASE_S")
     )
@@ -238,6 +249,11 @@ class Settings(BaseSettings):
         if self.signup == "admin" and self.admin_token is None:
             raise ValueError("JOBQ_SIGNUP=admin needs JOBQ_ADMIN_TOKEN")
         return self
+
+    @property
+    def retain(self) -> bool:
+        """Whether finished jobs are kept (`retention` > 0)."""
+        return self.retention > timedelta(0)
 
     @property
     def heartbeat_grace(self) -> timedelta:

@@ -1,4 +1,5 @@
-"""Admin endpoints: the dead letter (`/jobs/dead`) and the workers (`/workers`).
+"""Admin endpoints: any job by id (`/jobs/<id>`: look, wait, cancel), the dead letter
+(`/jobs/dead`) and the workers (`/workers`).
 
 Each needs `Authorization: Bearer <JOBQ_ADMIN_TOKEN>`, compared in constant time. With no token
 configured they answer 404, like any unknown URL; a missing or wrong token gets 401 with
@@ -21,12 +22,13 @@ from quart_schema import security_scheme_blueprint, validate_querystring, valida
 from werkzeug.datastructures import WWWAuthenticate
 from werkzeug.exceptions import NotFound, Unauthorized
 
-from jobq import clock, db
+from jobq import clock, db, errors
 from jobq.api.audit import audit
 from jobq.config import Settings
 from jobq.db import read_transaction, write_transaction
 from jobq.domain.types import BIGINT_MAX
-from jobq.queue import dead
+from jobq.queue import control, dead
+from jobq.queue.control import JobState, JobView
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,63 @@ def admin_only(
         return await fn(*args, **kwargs)
 
     return wrapper
+
+
+# -- any job ---------------------------------------------------------------------------------
+
+
+MAX_WAIT_S = 60
+
+
+class JobQuery(BaseModel):
+    """`GET /jobs/<id>` query: `wait` (seconds, 0-60, default 0): answer as soon as the job
+    finishes, or after that long with its state then."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    wait: float = Field(default=0, ge=0, le=MAX_WAIT_S)
+
+
+class CancelledJob(BaseModel):
+    """A cancelled job: `cancelled` (it left the queue), or `running` (its worker was told; it
+    ends `cancelled` whatever its handler does, and never runs again)."""
+
+    id: int
+    state: JobState
+
+
+@bp.get("/jobs/<int:job_id>")
+@admin_only
+@validate_querystring(JobQuery)
+@validate_response(JobView)
+async def get_job(job_id: int, query_args: JobQuery) -> JobView:
+    """A job wherever it is: `scheduled`, `queued`, `running`, `succeeded`, `failed` (the dead
+    letter) or `cancelled`, with its result once succeeded. With `wait`, the answer comes as
+    soon as the job finishes (woken by a notification), or after `wait` seconds. No
+    transaction is held while it waits."""
+    database = db.current_database()
+    if query_args.wait > 0:
+        return await control.await_end(job_id, query_args.wait, database=database)
+    async with database.pool.acquire() as conn:
+        job = await control.find(conn, job_id, now=clock.now())
+    if job is None:
+        raise errors.NotFound("no such job", job_id=job_id)
+    return job
+
+
+@bp.post("/jobs/<int:job_id>/cancel")
+@admin_only
+@validate_response(CancelledJob)
+@write_transaction
+async def cancel_job(job_id: int) -> CancelledJob:
+    """Cancel a job whatever its state: queued or scheduled, it leaves the queue now; running,
+    its worker is told at once (an async handler is cancelled, a synchronous one sees
+    `JobContext.cancelled`). A cancelled job never runs again, and no later outcome changes
+    it. 409 when it succeeded or failed already; a second cancel changes nothing."""
+    settings: Settings = current_app.extensions["jobq.settings"]
+    state = await control.cancel(db.conn(), job_id, now=clock.now(), retain=settings.retain)
+    audit("job.cancel", f"job:{job_id}")
+    return CancelledJob(id=job_id, state=state)
 
 
 # -- the dead letter ---------------------------------------------------------------------------

@@ -45,7 +45,8 @@ class Export(BaseModel):
 _SELECT = """
 SELECT e.id, e.user_id, e.job_id, e.created_at, e.finished_at,
        CASE WHEN e.content IS NOT NULL THEN 'done'
-            WHEN s.state = 'dead' OR s.state IS NULL THEN 'failed'  -- dead, or discarded
+            -- dead, cancelled, or gone (discarded from the dead letter, pruned)
+            WHEN s.state IS NULL OR s.state NOT IN ('queued', 'running') THEN 'failed'
             ELSE 'pending' END AS status,
        s.last_error
 FROM exports e LEFT JOIN job_state s ON s.id = e.job_id

@@ -103,7 +103,8 @@ class Reminders(BaseModel):
 _SELECT = """
 SELECT r.id, r.user_id, r.message, r.remind_at, r.job_id, r.sent_at, r.created_at,
        CASE WHEN r.sent_at IS NOT NULL THEN 'sent'
-            WHEN s.state = 'dead' OR s.state IS NULL THEN 'failed'  -- dead, or discarded
+            -- dead, cancelled, or gone (discarded from the dead letter, pruned)
+            WHEN s.state IS NULL OR s.state NOT IN ('queued', 'running') THEN 'failed'
             ELSE 'scheduled' END AS status,
        CASE WHEN r.sent_at IS NOT NULL THEN r.attempts ELSE coalesce(s.attempts, 0) END AS attempts,
        s.last_error

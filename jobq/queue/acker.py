@@ -129,7 +129,9 @@ class Acker:
         while True:
             try:
                 async with self.database.pool.acquire() as conn:
-                    return await store.record(conn, outcomes, now=clock.now())
+                    return await store.record(
+                        conn, outcomes, now=clock.now(), retain=self.settings.retain
+                    )
             except Exception as exc:
                 if loop.time() + delay > deadline:
                     log.error(

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import json
 import logging
+import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import to_jsonable_python
 
 from jobq import clock
 from jobq.config import Settings
@@ -27,11 +30,41 @@ from jobq.queue.registry import Registry
 
 log = logging.getLogger("jobq.worker")
 
-Attempt = tuple[Verdict, str | None, datetime | None]
+Attempt = tuple[Verdict, str | None, datetime | str | None]
 """What an attempt came to (`RETRY` for any failure: `execute` buries a job out of retries),
-its error, and for a `SNOOZE` when the job ripens again."""
+its error, and for a `SNOOZE` when the job ripens again, for a `COMPLETE` its result (JSON)."""
 
 MAX_ERROR_CHARS = 2000
+
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+"""An escaped NUL character in JSON text, which PostgreSQL's jsonb refuses."""
+
+
+class ResultError(Exception):
+    """A handler's result cannot be stored: not JSON, or too large. Its job fails for good."""
+
+
+def result_json(value: Any, max_bytes: int) -> str | None:
+    """Return a handler's result as the JSON text stored with its job (None for None).
+
+    Python's JSON types, and what pydantic serialises (models, datetimes, UUIDs, ...), are JSON.
+    Raises: `ResultError` for anything else, NaN or infinity, a NUL character or unpaired
+    surrogate in a string (PostgreSQL's jsonb refuses them), or more than `max_bytes` bytes.
+    """
+    if value is None:
+        return None
+    try:
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False, default=to_jsonable_python)
+        size = len(text.encode())
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ResultError(f"the result is not JSON: {describe(exc)}") from None
+    if _NUL.search(text):
+        raise ResultError("the result is not JSON that PostgreSQL stores: a string holds NUL")
+    if size > max_bytes:
+        raise ResultError(
+            f"the result is {size} bytes of JSON, more than {max_bytes} (JOBQ_MAX_RESULT_BYTES)"
+        )
+    return text
 
 
 def describe(exc: BaseException) -> str:
@@ -62,6 +95,10 @@ class Executor:
         self._in_handler: set[asyncio.Task[Any]] = set()
         """The tasks a hard stop may cancel: an async handler running, or a sync one still
         waiting for a thread."""
+        self._attempts: dict[int, tuple[asyncio.Task[Any], JobContext]] = {}
+        """The attempts running, by job id (for `cancel`)."""
+        self._cancel_asked: set[int] = set()
+        """Jobs cancelled before their attempt began: it ends before the handler is called."""
         self.worker_id = 0
         self._backoff = Backoff(
             settings.backoff_base, settings.backoff_max, settings.backoff_jitter
@@ -91,21 +128,44 @@ class Executor:
             task.cancel()
         return len(self._in_handler)
 
+    def cancel(self, job_id: int) -> None:
+        """The job `job_id`, which this worker claimed, was cancelled: set its attempt's
+        `JobContext.cancelled`, and cancel its handler when it is async or still waiting for a
+        thread (a thread cannot be stopped: its handler should check the flag). Its outcome,
+        whatever it is, then ends the job `cancelled` (the database knows it is)."""
+        found = self._attempts.get(job_id)
+        if found is None:
+            self._cancel_asked.add(job_id)  # its attempt has not begun
+            return
+        task, context = found
+        context.cancelled.set()
+        spec = self.handlers.get(context.job_type)
+        if task in self._in_handler or (spec is not None and spec.is_async):
+            task.cancel()
+
     async def execute(self, job: ClaimedJob) -> None:
         """Run one attempt of a claimed job and hand its outcome to the acker.
 
         Cancelled (by `Worker.abort`, while an async handler runs or a sync one waits for a
-        thread): the job is released, ripe now, with no attempt charged.
+        thread, or by `cancel`): the job is released, ripe now, with no attempt charged (a
+        cancelled job ends `cancelled`).
         """
         try:
-            verdict, error, snoozed_until = await self._attempt(job)
+            verdict, error, detail = await self._attempt(job)
         except asyncio.CancelledError:
             self.acker.add(job, Outcome(job.token, Verdict.RELEASE))
             raise
+        finally:
+            self._attempts.pop(job.id, None)
+            self._cancel_asked.discard(job.id)
         if verdict is Verdict.COMPLETE:
-            outcome = Outcome(job.token, Verdict.COMPLETE)
+            assert detail is None or isinstance(detail, str)
+            outcome = Outcome(job.token, Verdict.COMPLETE, result=detail)
         elif verdict is Verdict.SNOOZE:
-            outcome = Outcome(job.token, Verdict.SNOOZE, ripe_at=snoozed_until)
+            assert isinstance(detail, datetime)
+            outcome = Outcome(job.token, Verdict.SNOOZE, ripe_at=detail)
+        elif verdict is Verdict.RELEASE:
+            outcome = Outcome(job.token, Verdict.RELEASE)
         elif verdict is Verdict.RETRY and job.attempts < job.max_retries:
             spec = self.handlers.get(job.job_type)
             backoff = spec.backoff if spec is not None and spec.backoff else self._backoff
@@ -116,6 +176,8 @@ class Executor:
         self.acker.add(job, outcome)
 
     async def _attempt(self, job: ClaimedJob) -> Attempt:
+        if job.id in self._cancel_asked:
+            return Verdict.RELEASE, None, None  # cancelled: it ends `cancelled`
         spec = self.handlers.get(job.job_type)
         if spec is None:
             return Verdict.BURY, f"no handler for job_type {job.job_type!r}", None
@@ -135,6 +197,9 @@ class Executor:
             state=self.state,
             loop=self._loop,
         )
+        task = asyncio.current_task()
+        assert task is not None
+        self._attempts[job.id] = (task, context)
         limit = (spec.timeout or self.settings.job_timeout).total_seconds()
         try:
             if spec.is_async:
@@ -159,7 +224,10 @@ class Executor:
             return Verdict.RETRY, describe(exc), None
         if isinstance(returned, Snooze):
             return Verdict.SNOOZE, None, clock.now() + returned.delay
-        return Verdict.COMPLETE, None, None
+        try:
+            return Verdict.COMPLETE, None, result_json(returned, self.settings.max_result_bytes)
+        except ResultError as exc:
+            return Verdict.BURY, str(exc), None
 
     async def _run_on_loop(
         self, fn: Callable[..., Any], args: Any, context: JobContext, limit: float

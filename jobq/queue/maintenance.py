@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import UTC, date, datetime, time, timedelta
+
+import asyncpg
 
 from jobq import clock
 from jobq.config import Settings
-from jobq.db import Database
-from jobq.queue import store
+from jobq.db import Connection, Database
+from jobq.queue import sql, store
 
 log = logging.getLogger("jobq.worker")
 
@@ -53,7 +55,9 @@ def rescuer(database: Database, settings: Settings) -> Service:
     async def rescue() -> int:
         async with database.pool.acquire() as conn:
             now = clock.now()
-            count = await store.rescue(conn, now=now, heartbeat_grace=settings.heartbeat_grace)
+            count = await store.rescue(
+                conn, now=now, heartbeat_grace=settings.heartbeat_grace, retain=settings.retain
+            )
             await store.prune_rates(conn, now=now)
         if count:
             log.warning("rescued %d jobs of dead or hung workers", count)
@@ -61,3 +65,86 @@ def rescuer(database: Database, settings: Settings) -> Service:
         return count
 
     return Service("rescue", settings.rescue_interval, rescue)
+
+
+PARTITIONS_AHEAD = 2
+"""Days of `job_done` partitions made ahead of today (UTC)."""
+
+DDL_LOCK_TIMEOUT = "100ms"
+"""How long the pruner's DDL waits for a lock before giving up until its next round: while it
+waits, the statements that finish jobs queue behind it."""
+
+
+def partition_name(day: date) -> str:
+    """The name of `job_done`'s partition of UTC day `day`: `job_done_pYYYYMMDD`."""
+    return f"job_done_p{day:%Y%m%d}"
+
+
+async def prune_finished(
+    database: Database, *, now: datetime, retention: timedelta, batch: int = 5000
+) -> int:
+    """One round of retention on `job_done`: make the partitions of today and the next
+    `PARTITIONS_AHEAD` days (UTC), drop those whose day ended `retention` before `now` (a
+    drop is instant and leaves nothing to vacuum), and delete the default partition's rows
+    finished before `now - retention` in transactions of `batch` rows. Return how many rows
+    went from the default partition (a dropped partition's rows are not counted).
+
+    Each step is a short transaction of its own (so it works through a pooler); DDL gives up
+    after `DDL_LOCK_TIMEOUT` and is tried again next round, and the pruners of several workers
+    at once only make each other's DDL fail (logged) or delete nothing. A partition cannot be
+    made for a day the default partition holds rows of (clocks far off): that day's rows stay
+    in the default, pruned by rows.
+    Raises: `asyncpg.PostgresError` / `OSError`.
+    """
+    cutoff = now - retention
+    async with database.pool.acquire() as conn:
+        existing = {r["relname"] for r in await sql.job_done_partitions.fetch(conn)}
+        today = now.astimezone(UTC).date()
+        for ahead in range(PARTITIONS_AHEAD + 1):
+            day = today + timedelta(days=ahead)
+            if partition_name(day) not in existing:
+                await _ddl(conn, _create_partition(day))
+        for name in sorted(existing):
+            day = datetime.strptime(name.removeprefix("job_done_p"), "%Y%m%d").date()
+            if datetime.combine(day + timedelta(days=1), time(), UTC) <= cutoff:
+                await _ddl(conn, f"DROP TABLE IF EXISTS {name}")
+        pruned = 0
+        while True:
+            count: int = await sql.job_done_prune_default.fetchval(conn, cutoff=cutoff, batch=batch)
+            pruned += count
+            if count < batch:
+                return pruned
+
+
+def _create_partition(day: date) -> str:
+    start = datetime.combine(day, time(), UTC)
+    end = start + timedelta(days=1)
+    name = partition_name(day)
+    # CREATE then ATTACH: attaching locks the parent SHARE UPDATE EXCLUSIVE, which lets jobs go
+    # on finishing (CREATE ... PARTITION OF would lock it ACCESS EXCLUSIVE).
+    return (
+        f"CREATE TABLE {name} (LIKE job_done INCLUDING DEFAULTS INCLUDING CONSTRAINTS);"
+        f" ALTER TABLE job_done ATTACH PARTITION {name}"
+        f" FOR VALUES FROM ('{start.isoformat()}') TO ('{end.isoformat()}')"
+    )
+
+
+async def _ddl(conn: Connection, statement: str) -> None:
+    """Run `statement` in a transaction that waits at most `DDL_LOCK_TIMEOUT` for its locks;
+    log (not raise) its failure (a lock timeout, a default partition holding rows of the day,
+    another pruner that did it first): the next round tries again."""
+    try:
+        async with conn.transaction():
+            await conn.execute(f"SET LOCAL lock_timeout = '{DDL_LOCK_TIMEOUT}'")
+            await conn.execute(statement)
+    except asyncpg.PostgresError as exc:
+        log.info("retention: %s failed (%s); next round", statement.split(";")[0], exc)
+
+
+def pruner(database: Database, settings: Settings) -> Service:
+    """Retention of finished jobs (`prune_finished`), every `settings.prune_interval`."""
+
+    async def prune() -> int:
+        return await prune_finished(database, now=clock.now(), retention=settings.retention)
+
+    return Service("prune", settings.prune_interval, prune)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Self, TypeVar
@@ -120,12 +121,14 @@ _COUNTED = {
 class Outcome:
     """What to record of one attempt of a claimed job, fenced by its `token`: its `verdict`,
     for a retry or a snooze the `ripe_at` to go back at (a release keeps the job's place: its
-    own `ripe_at`, or now if that is later), for a retry or burial the `error`."""
+    own `ripe_at`, or now if that is later), for a retry or burial the `error`, for a
+    completion the handler's `result` as JSON text (None: it returned None)."""
 
     token: int
     verdict: Verdict
     ripe_at: datetime | None = None
     error: str | None = None
+    result: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +137,9 @@ class JobContext:
 
     `attempt` is 1 for the first run; the last attempt is `max_retries + 1`. `state` holds the
     process's shared resources (settings, HTTP client), like Quart's `app.extensions`.
+    `cancelled` is set when the job is cancelled while it runs (`jobq.queue.control.cancel`):
+    an async handler is cancelled too (`asyncio.CancelledError`), a synchronous one cannot be
+    and should check it (`is_set()`, or `wait(seconds)` instead of `time.sleep`) and return.
     """
 
     id: int
@@ -144,6 +150,7 @@ class JobContext:
     queue: str
     state: dict[str, Any]
     loop: asyncio.AbstractEventLoop
+    cancelled: threading.Event = field(default_factory=threading.Event)
 
     @property
     def is_last_attempt(self) -> bool:

@@ -27,6 +27,12 @@ log = logging.getLogger("jobq.notify")
 CHANNEL = "jobq"
 """The channel workers LISTEN on."""
 
+CANCEL_CHANNEL = "jobq_cancel"
+"""Workers LISTEN on it too: a running job was cancelled (payload: its id)."""
+
+DONE_CHANNEL = "jobq_done"
+"""A job that someone awaits ended (payload: its id); `jobq.queue.control.wait_for` hears it."""
+
 
 class Notifier:
     """Sends `NOTIFY jobq` on a pooled connection of `database`, coalesced."""

@@ -62,7 +62,7 @@ WORKER_LOCK_CLASS = 1785684593
 
 _COLUMNS = (
     "id, job_type, arguments, ripe_at, priority, attempts, max_retries, last_error, created_at,"
-    " queue, concurrency_key"
+    " queue, concurrency_key, awaited"
 )
 
 job_enqueue = Query("""
@@ -97,25 +97,69 @@ _DEAD_COLUMNS = (
 )
 
 
-def _back_to_queue(source: str, *, ripe_at: str, attempts: str, error: str, now: str) -> str:
-    """CTEs that put the rows of CTE `source` back in `job`, ripe at `ripe_at`. The
-    expressions name the source's columns as `s.<column>`.
+_DONE_COLUMNS = (
+    "id, job_type, queue, arguments, state, attempts, last_error, result, created_at, finished_at"
+)
+
+NOTIFY_ENDED = "(SELECT count(pg_notify('jobq_done', id::text)) FROM {source} WHERE awaited) >= 0"
+"""A condition that notifies `jobq_done` with the id of each awaited job of CTE `{source}` (the
+jobs that ended): `wait_for` hears it. PostgreSQL sends it at the commit."""
+
+
+def _into_done(
+    name: str,
+    source: str,
+    *,
+    state: str,
+    attempts: str,
+    error: str = "s.last_error",
+    result: str = "NULL",
+) -> str:
+    """CTE `name`: the rows of `source` (named `s`) into `job_done`, finished at `:now`, as
+    `state` with `attempts`, `error` and `result`; nothing when `:retain` is false (retention
+    off)."""
+    return f"""{name} AS (
+    INSERT INTO job_done ({_DONE_COLUMNS})
+    SELECT s.id, s.job_type, s.queue, s.arguments, {state}, {attempts}, {error}, {result},
+           s.created_at, :now::timestamptz
+    FROM {source} AS s
+    WHERE :retain::boolean
+)"""
+
+
+def _back_to_queue(
+    source: str, *, ripe_at: str, attempts: str, error: str, now: str, ran: str = "s.attempts + 1"
+) -> str:
+    """CTEs that put the rows of CTE `source` back in `job`, ripe at `ripe_at`, except those
+    cancelled meanwhile (`cancelled_at`: they end in `job_done`, CTE `cancelled`, with `ran`
+    attempts). The expressions name the source's columns as `s.<column>`.
 
     A row identical to a job queued meanwhile (same md5) is merged into it: that job ripens
     no later than this one would have, and this one's end is recorded in `job_dead` as
     "merged into queued duplicate job N" — a job is never simply gone.
     """
     return f"""
+live AS (
+    SELECT * FROM {source} WHERE cancelled_at IS NULL
+), {
+        _into_done(
+            "cancelled",
+            f"(SELECT * FROM {source} WHERE cancelled_at IS NOT NULL)",
+            state="'cancelled'",
+            attempts=ran,
+            error=error,
+        )
+    },
 requeued AS (
     INSERT INTO job ({_COLUMNS})
     SELECT s.id, s.job_type, s.arguments, {ripe_at}, s.priority, {attempts}, s.max_retries,
-           {error}, s.created_at, s.queue, s.concurrency_key
-    FROM {source} AS s
+           {error}, s.created_at, s.queue, s.concurrency_key, s.awaited
+    FROM live AS s
     ON CONFLICT (md5) DO NOTHING
     RETURNING id
 ), hastened AS (
     UPDATE job SET ripe_at = least(job.ripe_at, {ripe_at})
-    FROM {source} AS s
+    FROM live AS s
     WHERE job.md5 = md5(s.job_type || s.arguments::text)
       AND s.id NOT IN (SELECT id FROM requeued)
     RETURNING job.id, s.id AS merged_id
@@ -124,15 +168,27 @@ requeued AS (
     SELECT s.id, s.job_type, s.arguments, s.priority, {attempts}, s.max_retries,
            coalesce('merged into queued duplicate job ' || h.id, 'merged into a queued duplicate'),
            s.created_at, {now}, s.queue, s.concurrency_key
-    FROM {source} AS s LEFT JOIN hastened AS h ON h.merged_id = s.id
+    FROM live AS s LEFT JOIN hastened AS h ON h.merged_id = s.id
     WHERE s.id NOT IN (SELECT id FROM requeued)
 )"""
 
 
-# :completed tokens
-_COMPLETED = """completed AS (
-    DELETE FROM job_running WHERE token = ANY(:completed::bigint[]) RETURNING token
-)"""
+# :completed tokens, :results (their results as JSON text, NULL: none), :retain, :now. A job
+# cancelled while it ran ends `cancelled`, its result dropped.
+_COMPLETED = f"""completed AS (
+    DELETE FROM job_running WHERE token = ANY(:completed::bigint[])
+    RETURNING token, id, job_type, queue, arguments, attempts, last_error, created_at, awaited,
+              cancelled_at
+), {
+    _into_done(
+        "succeeded",
+        "(SELECT c.*, u.result FROM completed AS c JOIN unnest(:completed::bigint[],"
+        " :results::text[]) AS u(token, result) USING (token))",
+        state="CASE WHEN s.cancelled_at IS NULL THEN 'succeeded' ELSE 'cancelled' END",
+        attempts="s.attempts + 1",
+        result="CASE WHEN s.cancelled_at IS NULL THEN s.result::jsonb END",
+    )
+}"""
 
 # :completed tokens; re-queued: :failed tokens, :failed_ripe_ats, :failed_errors (NULL: keep
 # it), :failed_charges (attempts charged: 1 for a failure, 0 for a release or a snooze),
@@ -152,7 +208,7 @@ _RECORD = f"""
               coalesce(u.ripe_at, least(r.ripe_at, :now::timestamptz)) AS next_ripe_at,
               r.attempts + u.charge AS next_attempts, r.max_retries,
               coalesce(u.error, r.last_error) AS next_error, r.created_at, r.queue,
-              r.concurrency_key
+              r.concurrency_key, r.attempts, r.awaited, r.cancelled_at
 ), {
     _back_to_queue(
         "failed",
@@ -166,19 +222,35 @@ _RECORD = f"""
     USING unnest(:buried::bigint[], :buried_errors::text[]) AS u(token, error)
     WHERE r.token = u.token
     RETURNING r.token, r.id, r.job_type, r.arguments, r.priority, r.attempts, r.max_retries,
-              u.error, r.created_at, r.queue, r.concurrency_key
+              u.error, r.created_at, r.queue, r.concurrency_key, r.awaited, r.cancelled_at
 ), dead AS (
     INSERT INTO job_dead ({_DEAD_COLUMNS})
     SELECT id, job_type, arguments, priority, attempts + 1, max_retries, error, created_at, :now,
            queue, concurrency_key
-    FROM buried
-), recorded AS (
+    FROM buried WHERE cancelled_at IS NULL
+), {
+    _into_done(
+        "buried_cancelled",
+        "(SELECT * FROM buried WHERE cancelled_at IS NOT NULL)",
+        state="'cancelled'",
+        attempts="s.attempts + 1",
+        error="s.error",
+    )
+}, recorded AS (
     SELECT token FROM completed
     UNION ALL SELECT token FROM failed
     UNION ALL SELECT token FROM buried
+), ended AS (
+    SELECT id, awaited FROM completed
+    UNION ALL SELECT id, awaited FROM failed WHERE cancelled_at IS NOT NULL
+    UNION ALL SELECT id, awaited FROM buried
 )"""
 
-job_record = Query(f"WITH {_RECORD}\nSELECT token FROM recorded")
+# The usual claim's CTEs: the jobs that finished since the last one all succeeded.
+_RECORD_COMPLETED = f"{_COMPLETED}, ended AS (SELECT id, awaited FROM completed)"
+
+job_record = Query(f"""WITH {_RECORD}
+SELECT token FROM recorded WHERE {NOTIFY_ENDED.format(source="ended")}""")
 
 
 def _claiming(record: str, recorded: str) -> Query:
@@ -229,11 +301,12 @@ WITH {record}, q AS (
 SELECT * FROM running
 UNION ALL
 SELECT token, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM {recorded}
+WHERE {NOTIFY_ENDED.format(source="ended")}
 """)
 
 
 # The usual claim: the jobs that finished since the last one all succeeded.
-job_claim = _claiming(_COMPLETED, "completed")
+job_claim = _claiming(_RECORD_COMPLETED, "completed")
 
 # The claim when some of the jobs that finished failed or were released.
 job_claim_recording = _claiming(_RECORD, "recorded")
@@ -250,13 +323,19 @@ worker_lock = Query(f"SELECT pg_try_advisory_lock({WORKER_LOCK_CLASS}, :worker_i
 
 worker_unregister = Query("DELETE FROM worker WHERE id = :worker_id")
 
-# :tokens: those the worker holds
+# :tokens: those the worker holds. Returns how many leases were extended, and the ids of the
+# jobs among them that were cancelled (a worker that missed the notification hears it here).
 worker_heartbeat = Query("""
 WITH beat AS (
     UPDATE worker SET heartbeat_at = :now WHERE id = :worker_id
+), leased AS (
+    UPDATE job_running SET lease_expires_at = :lease_expires_at
+    WHERE token = ANY(:tokens::bigint[]) AND worker_id = :worker_id
+    RETURNING id, cancelled_at
 )
-UPDATE job_running SET lease_expires_at = :lease_expires_at
-WHERE token = ANY(:tokens::bigint[]) AND worker_id = :worker_id
+SELECT count(*) AS leased,
+       coalesce(array_agg(id) FILTER (WHERE cancelled_at IS NOT NULL), '{}') AS cancelled
+FROM leased
 """)
 
 APPLICATION_NAME = "left('jobq/' || {w}.pid || '@' || {w}.host, 63)"
@@ -295,9 +374,9 @@ WITH alive AS ({_ALIVE}
 ), lost AS (
     DELETE FROM job_running
     WHERE lease_expires_at < :now OR worker_id NOT IN (SELECT worker_id FROM alive)
-    RETURNING {_COLUMNS}
-), retrying AS (
-    SELECT * FROM lost WHERE attempts < max_retries
+    RETURNING {_COLUMNS}, cancelled_at
+), retrying AS (  -- the cancelled ones end in `job_done` (_back_to_queue)
+    SELECT * FROM lost WHERE attempts < max_retries OR cancelled_at IS NOT NULL
 ), {
     _back_to_queue(
         "retrying",
@@ -310,11 +389,13 @@ WITH alive AS ({_ALIVE}
     INSERT INTO job_dead ({_DEAD_COLUMNS})
     SELECT id, job_type, arguments, priority, attempts + 1, max_retries, :error, created_at, :now,
            queue, concurrency_key
-    FROM lost WHERE attempts >= max_retries
+    FROM lost WHERE attempts >= max_retries AND cancelled_at IS NULL
 ), gone AS (
     DELETE FROM worker WHERE id NOT IN (SELECT worker_id FROM alive)
+), ended AS (
+    SELECT id, awaited FROM lost WHERE attempts >= max_retries OR cancelled_at IS NOT NULL
 )
-SELECT count(*) FROM lost
+SELECT count(*) FROM lost WHERE {NOTIFY_ENDED.format(source="ended")}
 """)
 
 # :tokens: those the worker holds. Claims of the worker whose answer never
@@ -323,7 +404,7 @@ SELECT count(*) FROM lost
 job_release_orphans = Query(f"""
 WITH orphans AS (
     DELETE FROM job_running WHERE worker_id = :worker_id AND NOT (token = ANY(:tokens::bigint[]))
-    RETURNING {_COLUMNS}
+    RETURNING {_COLUMNS}, cancelled_at
 ), {
     _back_to_queue(
         "orphans",
@@ -331,9 +412,12 @@ WITH orphans AS (
         attempts="s.attempts",
         error="s.last_error",
         now=":now::timestamptz",
+        ran="s.attempts",
     )
-}
-SELECT count(*) FROM orphans
+}, ended AS (
+    SELECT id, awaited FROM orphans WHERE cancelled_at IS NOT NULL
+)
+SELECT count(*) FROM orphans WHERE {NOTIFY_ENDED.format(source="ended")}
 """)
 
 # When the next claim of these queues may find work: the earliest ripe_at
@@ -502,4 +586,77 @@ SELECT q.name, q.paused, q.max_running, q.max_running_per_key, q.rate_max_starts
        (SELECT count(*) FROM job_running AS r WHERE r.queue = q.name) AS running
 FROM job_queue AS q
 ORDER BY q.name
+""")
+
+# -- job control: cancel, find, await (`jobq.queue.control`) -----------------------------------
+
+# A queued (or scheduled) job leaves the queue now and ends `cancelled`; a running one is marked
+# (`cancelled_at`) and its worker told (NOTIFY jobq_cancel). Returns how many of each: none
+# when the job is elsewhere (or moved after this statement's snapshot: the caller looks again).
+job_cancel = Query(f"""
+WITH queued AS (
+    DELETE FROM job WHERE id = :job_id
+    RETURNING id, job_type, queue, arguments, attempts, last_error, created_at, awaited
+), {_into_done("cancelled", "queued", state="'cancelled'", attempts="s.attempts")},
+running AS (
+    UPDATE job_running SET cancelled_at = :now WHERE id = :job_id AND cancelled_at IS NULL
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM queued) AS queued,
+       (SELECT count(pg_notify('jobq_cancel', id::text)) FROM running) AS running
+WHERE {NOTIFY_ENDED.format(source="queued")}
+""")
+
+# Someone awaits the job's end: mark it, where it is queued or running (the statement that ends
+# it notifies jobq_done). Returns how many rows were marked (0: it is elsewhere, or moved).
+job_await = Query("""
+WITH queued AS (
+    UPDATE job SET awaited = true WHERE id = :job_id RETURNING id
+), running AS (
+    UPDATE job_running SET awaited = true WHERE id = :job_id RETURNING id
+)
+SELECT (SELECT count(*) FROM queued) + (SELECT count(*) FROM running)
+""")
+
+# The job wherever it is: queued (`scheduled` before its ripe_at), running, failed (the dead
+# letter), succeeded or cancelled. `attempts` counts the attempts started (the one running too).
+job_find = Query("""
+SELECT id, job_type, queue, CASE WHEN ripe_at > :now THEN 'scheduled' ELSE 'queued' END AS state,
+       arguments, priority, attempts, max_retries, last_error, created_at, ripe_at,
+       NULL::timestamptz AS started_at, NULL::timestamptz AS finished_at,
+       NULL::timestamptz AS cancelled_at, NULL::jsonb AS result
+FROM job WHERE id = :job_id
+UNION ALL
+SELECT id, job_type, queue, 'running', arguments, priority, attempts + 1, max_retries, last_error,
+       created_at, ripe_at, claimed_at, NULL, cancelled_at, NULL
+FROM job_running WHERE id = :job_id
+UNION ALL
+SELECT id, job_type, queue, 'failed', arguments, priority, attempts, max_retries, last_error,
+       created_at, NULL, NULL, died_at, NULL, NULL
+FROM job_dead WHERE id = :job_id
+UNION ALL
+SELECT id, job_type, queue, state, arguments, NULL, attempts, NULL, last_error, created_at, NULL,
+       NULL, finished_at, CASE WHEN state = 'cancelled' THEN finished_at END, result
+FROM job_done WHERE id = :job_id
+LIMIT 1
+""")
+
+# -- retention: finished jobs by day (`jobq.queue.retention`) ----------------------------------
+
+# The partitions of job_done (but the default one), as `job_done_pYYYYMMDD` names.
+job_done_partitions = Query("""
+SELECT c.relname FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
+WHERE i.inhparent = 'job_done'::regclass AND c.relname LIKE 'job\\_done\\_p%'
+ORDER BY c.relname
+""")
+
+# :cutoff, :batch. Delete up to `batch` rows of the default partition finished before `cutoff`;
+# returns how many.
+job_done_prune_default = Query("""
+WITH gone AS (
+    DELETE FROM job_done_default WHERE ctid = ANY(ARRAY(
+        SELECT ctid FROM job_done_default WHERE finished_at < :cutoff LIMIT :batch))
+    RETURNING 1
+)
+SELECT count(*) FROM gone
 """)

@@ -135,9 +135,10 @@ async def enqueue_many(jobs: Iterable[Job], *, handlers: Registry = registry) ->
     return [r["id"] for r in rows]
 
 
-def _outcome_args(outcomes: Sequence[Outcome], now: datetime) -> dict[str, Any]:
+def _outcome_args(outcomes: Sequence[Outcome], now: datetime, retain: bool) -> dict[str, Any]:
     """The parameters of `sql._RECORD` for `outcomes`."""
     completed: list[int] = []
+    results: list[str | None] = []
     requeued: tuple[list[int], list[datetime | None], list[str | None], list[int]] = (
         [],
         [],
@@ -148,6 +149,7 @@ def _outcome_args(outcomes: Sequence[Outcome], now: datetime) -> dict[str, Any]:
     for o in outcomes:
         if o.verdict is Verdict.COMPLETE:
             completed.append(o.token)
+            results.append(o.result)
         elif o.verdict is Verdict.BURY:
             buried[0].append(o.token)
             buried[1].append(o.error)
@@ -158,6 +160,8 @@ def _outcome_args(outcomes: Sequence[Outcome], now: datetime) -> dict[str, Any]:
             requeued[3].append(1 if o.verdict is Verdict.RETRY else 0)
     return {
         "completed": completed,
+        "results": results,
+        "retain": retain,
         "failed": requeued[0],
         "failed_ripe_ats": requeued[1],
         "failed_errors": requeued[2],
@@ -169,14 +173,26 @@ def _outcome_args(outcomes: Sequence[Outcome], now: datetime) -> dict[str, Any]:
 
 
 async def claim(
-    conn: Connection, *, worker_id: int, max_jobs: Slots, now: datetime, lease_expires_at: datetime
+    conn: Connection,
+    *,
+    worker_id: int,
+    max_jobs: Slots,
+    now: datetime,
+    lease_expires_at: datetime,
+    retain: bool = True,
 ) -> list[ClaimedJob]:
     """Move ripe jobs (`ripe_at <= now`) from `job` to `job_running` in one statement, up to
     `max_jobs` of each queue (an int: of `default`), and return them, each with a new fencing
     token. Per queue: highest priority, then earliest ripe_at; rows locked by another claim are
     skipped; paused queues are skipped; queues with limits take no more than these allow."""
     jobs, _ = await record_and_claim(
-        conn, [], worker_id=worker_id, max_jobs=max_jobs, now=now, lease_expires_at=lease_expires_at
+        conn,
+        [],
+        worker_id=worker_id,
+        max_jobs=max_jobs,
+        now=now,
+        lease_expires_at=lease_expires_at,
+        retain=retain,
     )
     return jobs
 
@@ -189,10 +205,12 @@ async def record_and_claim(
     max_jobs: Slots,
     now: datetime,
     lease_expires_at: datetime,
+    retain: bool = True,
 ) -> tuple[list[ClaimedJob], set[int]]:
     """Record `outcomes` (as `record` does) and claim up to `max_jobs` (as `claim` does) in one
     statement, so that the jobs whose outcome is recorded free the slots the claim fills.
     Return the claimed jobs and the tokens of `outcomes` that were recorded.
+    `retain`: keep the jobs that end in `job_done` (False: retention is off).
 
     Raises: `asyncpg.PostgresError` (then nothing happened).
     """
@@ -203,11 +221,12 @@ async def record_and_claim(
         "worker_id": worker_id,
         "lease_expires_at": lease_expires_at,
     }
+    args = _outcome_args(outcomes, now, retain)
     if all(o.verdict is Verdict.COMPLETE for o in outcomes):
-        completed = [o.token for o in outcomes]
-        rows = await sql.job_claim.fetch(conn, completed=completed, now=now, **claiming)
+        completed = {k: args[k] for k in ("completed", "results", "retain", "now")}
+        rows = await sql.job_claim.fetch(conn, **completed, **claiming)
     else:
-        rows = await sql.job_claim_recording.fetch(conn, **_outcome_args(outcomes, now), **claiming)
+        rows = await sql.job_claim_recording.fetch(conn, **args, **claiming)
     jobs = [
         ClaimedJob(
             id=r["id"],
@@ -227,19 +246,25 @@ async def record_and_claim(
     return jobs, {r["token"] for r in rows if r["id"] is None}
 
 
-async def record(conn: Connection, outcomes: Sequence[Outcome], *, now: datetime) -> set[int]:
+async def record(
+    conn: Connection, outcomes: Sequence[Outcome], *, now: datetime, retain: bool = True
+) -> set[int]:
     """Record the outcomes of many claimed jobs in one statement (`sql.job_record`) and return
     the tokens that were still held; a rescued job's stale token matches nothing.
 
     A re-queued job identical to one queued meanwhile is merged into it (`sql._back_to_queue`).
-    `now` (aware UTC) stamps `died_at` of buried and merged jobs.
+    A completed job goes to `job_done` with its result when `retain`; a job cancelled while it
+    ran ends there `cancelled` whatever its outcome. `now` (aware UTC) stamps `died_at` of
+    buried and merged jobs and `finished_at`.
     Raises: `asyncpg.PostgresError` on database errors (then nothing is recorded).
     """
-    rows = await sql.job_record.fetch(conn, **_outcome_args(outcomes, now))
+    rows = await sql.job_record.fetch(conn, **_outcome_args(outcomes, now, retain))
     return {r["token"] for r in rows}
 
 
-async def rescue(conn: Connection, *, now: datetime, heartbeat_grace: timedelta) -> int:
+async def rescue(
+    conn: Connection, *, now: datetime, heartbeat_grace: timedelta, retain: bool = True
+) -> int:
     """Return the jobs of dead and hung workers to `job`, ripe at `now`, charging an attempt;
     those out of retries go to `job_dead`. Also forget dead workers' rows. Return how many
     jobs were rescued.
@@ -249,20 +274,24 @@ async def rescue(conn: Connection, *, now: datetime, heartbeat_grace: timedelta)
     jobs while it reconnects). Hung: its leases expired before `now`.
     """
     count: int = await sql.job_rescue.fetchval(
-        conn, now=now, heartbeat_grace=heartbeat_grace, error="worker lost while running the job"
+        conn,
+        now=now,
+        heartbeat_grace=heartbeat_grace,
+        error="worker lost while running the job",
+        retain=retain,
     )
     return count
 
 
 async def release_orphans(
-    conn: Connection, *, worker_id: int, held: Sequence[int], now: datetime
+    conn: Connection, *, worker_id: int, held: Sequence[int], now: datetime, retain: bool = True
 ) -> int:
     """Put back in the queue the jobs of `job_running` claimed for `worker_id` whose tokens are
     not in `held`: claims that committed while their answer was lost with the connection, so
     the worker never started them. They keep their place and no attempt is charged (merged into
     a queued twin if any, as on a release). Return how many. Call it with no claim in flight."""
     count: int = await sql.job_release_orphans.fetchval(
-        conn, worker_id=worker_id, tokens=list(held), now=now
+        conn, worker_id=worker_id, tokens=list(held), now=now, retain=retain
     )
     return count
 

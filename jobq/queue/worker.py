@@ -39,7 +39,7 @@ from jobq.db import Connection, Database
 from jobq.queue import notify, sql, store
 from jobq.queue.acker import Acker
 from jobq.queue.executor import Executor, describe
-from jobq.queue.maintenance import Service, rescuer
+from jobq.queue.maintenance import Service, pruner, rescuer
 from jobq.queue.model import ClaimedJob
 from jobq.queue.registry import Registry, registry
 from jobq.queue.slots import Slots, has_limits, served_queues
@@ -136,6 +136,7 @@ class Worker:
                 conn, worker_id=self.id, host=socket.gethostname(), pid=os.getpid(), now=clock.now()
             )
             await conn.add_listener(notify.CHANNEL, self._on_notify)
+            await conn.add_listener(notify.CANCEL_CHANNEL, self._on_cancel)
             conn.add_termination_listener(self._on_listener_lost)
         except BaseException:
             await conn.close()
@@ -144,6 +145,18 @@ class Worker:
 
     def _on_notify(self, *_: object) -> None:
         self._wake.set()
+
+    def _on_cancel(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
+        if isinstance(payload, str) and payload.isdigit():
+            self.cancel_running(int(payload))
+
+    def cancel_running(self, job_id: int) -> bool:
+        """Cancel the handler of job `job_id` if this worker runs it (`Executor.cancel`): the
+        database marked it cancelled. Return whether it runs here."""
+        if any(job.id == job_id for job in self._tasks.values()):
+            self.executor.cancel(job_id)
+            return True
+        return False
 
     def _on_listener_lost(self, *_: object) -> None:
         if not self._stopping.is_set():
@@ -180,6 +193,7 @@ class Worker:
             for s in (
                 Service("heartbeat", self.settings.heartbeat_interval, self.heartbeat),
                 self._rescuer,
+                pruner(self.database, self.settings),
             )
         ]
         watch = asyncio.create_task(self._watch(stop))
@@ -311,6 +325,7 @@ class Worker:
                         max_jobs=free,
                         now=now,
                         lease_expires_at=now + self.settings.lease,
+                        retain=self.settings.retain,
                     )
             except BaseException:
                 self.acker.restore(batch)
@@ -343,23 +358,25 @@ class Worker:
 
     async def heartbeat(self) -> int:
         """Extend the leases of the jobs this worker holds to now + lease (and its row's
-        heartbeat_at), then reconnect the listener if it was lost; return how many leases
-        were extended."""
+        heartbeat_at), cancel the handlers of those cancelled (a notification missed), then
+        reconnect the listener if it was lost; return how many leases were extended."""
         now = clock.now()
         async with self.database.pool.acquire() as conn:
-            status = await sql.worker_heartbeat.execute(
+            beat = await sql.worker_heartbeat.fetchrow(
                 conn,
                 worker_id=self.id,
                 now=now,
                 lease_expires_at=now + self.settings.lease,
                 tokens=self.slots.tokens,
             )
+        for job_id in beat["cancelled"]:
+            self.cancel_running(job_id)
         if not self.alive and not self._stopping.is_set():
             await self._connect()
             log.info("worker %s reconnected its listener", self.id)
             await self._release_orphans()
             self._wake.set()
-        return int(status.split()[-1])
+        return int(beat["leased"])
 
     async def _release_orphans(self) -> None:
         """After a lost connection: a claim may have committed without its answer reaching this
@@ -367,7 +384,11 @@ class Worker:
         assert self.id is not None
         async with self._claim_lock, self.database.pool.acquire() as conn:
             count = await store.release_orphans(
-                conn, worker_id=self.id, held=self.slots.tokens, now=clock.now()
+                conn,
+                worker_id=self.id,
+                held=self.slots.tokens,
+                now=clock.now(),
+                retain=self.settings.retain,
             )
         if count:
             log.warning("worker %s: %d claimed jobs never reached it; released", self.id, count)

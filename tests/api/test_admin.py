@@ -56,7 +56,7 @@ async def bury(conn: Connection, job_id: int, **values: Any) -> None:
     )
 
 
-ADMIN_PATHS = ("/jobs/dead", "/workers", "/queues")
+ADMIN_PATHS = ("/jobs/dead", "/jobs/{job_id}", "/workers", "/queues")
 
 
 async def get_json(client: Client, url: str, status: int = 200) -> Any:
@@ -246,7 +246,7 @@ async def test_retried_job_runs_and_its_reminder_is_sent(
     sent = await (await client.get(f"/reminders/{reminder['id']}")).get_json()
     assert sent["status"] == "sent"
     assert json.loads(receiver.requests[-1].body)["attempt"] == 1
-    assert await where(conn, job_id) == []
+    assert await where(conn, job_id) == ["succeeded"]
 
 
 async def test_retry_when_an_identical_job_is_queued_is_409_and_changes_nothing(

@@ -43,6 +43,8 @@ def outcomes(tokens: list[int], now: datetime) -> dict[str, object]:
     done, failed, buried = tokens[0::3], tokens[1::3], tokens[2::3]
     return {
         "completed": done,
+        "results": [None] * len(done),
+        "retain": True,
         "failed": failed,
         "failed_ripe_ats": [now] * len(failed),
         "failed_errors": ["boom"] * len(failed),
@@ -63,7 +65,8 @@ def claim_args(statement: str, tokens: list[int], now: datetime) -> dict[str, ob
         "lease_expires_at": now + timedelta(seconds=30),
     }
     if statement == "job_claim":
-        return {"completed": tokens, "now": now, **claiming}
+        completed = {"completed": tokens, "results": [None] * len(tokens), "retain": True}
+        return {**completed, "now": now, **claiming}
     return {**outcomes(tokens, now), **claiming}
 
 
@@ -91,6 +94,8 @@ async def running(conn: Connection) -> list[int]:
     rows = await sql.job_claim.fetch(
         conn,
         completed=[],
+        results=[],
+        retain=True,
         now=now,
         queues=["default"],
         slots=[3000],

@@ -196,4 +196,5 @@ async def test_timed_out_sync_handler_is_not_run_again_while_its_thread_runs(
     assert overlaps == []
     assert worker.counts["retried"] == 1
     assert worker.counts["completed"] == 1
-    assert await conn.fetchval("SELECT count(*) FROM job_state WHERE id = $1", created.id) == 0
+    states = await conn.fetch("SELECT state FROM job_state WHERE id = $1", created.id)
+    assert [r["state"] for r in states] == ["succeeded"]

@@ -1,0 +1,256 @@
+"""Job control: find a job wherever it is, cancel it, and wait for its end.
+
+A job's states: `scheduled` or `queued` (in `job`, before or after its `ripe_at`), `running`
+(`job_running`), then `succeeded` or `cancelled` (`job_done`, kept `JOBQ_RETENTION_S`) or
+`failed` (the dead letter, `job_dead`). A cancel of a running job marks its row; its worker hears
+of it (NOTIFY `jobq_cancel`, or its next heartbeat) and cancels an async handler, or sets
+`JobContext.cancelled` for a synchronous one; whatever outcome it records then, the job ends
+`cancelled` (the statements in `jobq.queue.sql` see to it, fenced by the row).
+
+Waiting: `wait_for` marks the job awaited (`job_await`); the statement that ends it notifies
+`jobq_done` with its id, which one listener connection per process (`Waiters`) hears. No poll:
+the waiter looks at the job when woken, and once more when its time is up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+import asyncpg
+from pydantic import AwareDatetime, BaseModel, Field
+
+from jobq import clock, db
+from jobq.db import Connection, Database, current_database
+from jobq.errors import Conflict, JobqError, NotFound
+from jobq.queue import sql
+from jobq.queue.notify import DONE_CHANNEL
+
+log = logging.getLogger("jobq.control")
+
+_LOOKS = 3
+"""How many times a statement looks for a job that moved between two tables under it."""
+
+
+class JobState(StrEnum):
+    """Where a job is in its life. The last three are final."""
+
+    SCHEDULED = "scheduled"
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        """True for `succeeded`, `failed` and `cancelled`."""
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+class JobView(BaseModel):
+    """A job as it is now. Times are aware UTC datetimes; null where they do not apply."""
+
+    id: int
+    job_type: str
+    queue: str
+    state: JobState
+    arguments: dict[str, Any]
+    priority: int | None = Field(description="null once finished")
+    attempts: int = Field(description="attempts started, the one running included")
+    max_retries: int | None = Field(description="null once finished")
+    last_error: str | None = Field(description="the last failed attempt's error")
+    created_at: AwareDatetime
+    ripe_at: AwareDatetime | None = Field(description="when it may run (queued or running)")
+    started_at: AwareDatetime | None = Field(description="when its running attempt was claimed")
+    finished_at: AwareDatetime | None
+    cancelled_at: AwareDatetime | None = Field(
+        description="when it was cancelled (a running job then ends cancelled)"
+    )
+    result: Any = Field(default=None, description="what its handler returned (succeeded)")
+
+
+class JobFailed(JobqError):
+    """The job failed: it is in the dead letter."""
+
+    status = 409
+    code = "job_failed"
+
+
+class JobCancelled(JobqError):
+    """The job was cancelled."""
+
+    status = 409
+    code = "job_cancelled"
+
+
+async def find(conn: Connection, job_id: int, *, now: datetime) -> JobView | None:
+    """Return job `job_id` as it is at `now` (aware), or None when no table holds it (never
+    enqueued, or finished longer ago than the retention, or discarded from the dead letter)."""
+    row = await sql.job_find.fetchrow(conn, job_id=job_id, now=now)
+    return None if row is None else JobView.model_validate(dict(row))
+
+
+async def cancel(conn: Connection, job_id: int, *, now: datetime, retain: bool) -> JobState:
+    """Cancel job `job_id` whatever its state, in the caller's transaction (or alone).
+
+    Queued or scheduled: it leaves the queue and ends `cancelled` (kept in `job_done` when
+    `retain`). Running: it is marked, and its worker is told after the commit; it ends
+    `cancelled` when its worker records any outcome (or the rescue returns it), and never runs
+    again. Return `CANCELLED` or `RUNNING` (being cancelled); a cancel of a cancelled job
+    changes nothing. Raises: `NotFound`; `Conflict` when it succeeded or failed already.
+    """
+    for _ in range(_LOOKS):
+        row = await sql.job_cancel.fetchrow(conn, job_id=job_id, now=now, retain=retain)
+        if row["queued"]:
+            return JobState.CANCELLED
+        if row["running"]:
+            return JobState.RUNNING
+        job = await find(conn, job_id, now=now)
+        if job is None:
+            continue  # gone, or moved to job_done after the cancel's snapshot: look again
+        if job.state is JobState.CANCELLED:
+            return job.state
+        if job.state is JobState.RUNNING and job.cancelled_at is not None:
+            return job.state
+        if job.state.finished:
+            raise Conflict(f"the job has {job.state} already", job_id=job_id, state=job.state)
+        # queued or running, moved after the cancel's snapshot: look again
+    raise NotFound("no such job", job_id=job_id)
+
+
+class Waiters:
+    """One listener connection of a process (`direct_dsn`: LISTEN needs a session) on
+    `jobq_done`, and the events of the tasks waiting for each job id. Connected at the first
+    wait; a lost connection wakes every waiter (each then looks at its job) and is replaced at
+    the next wait."""
+
+    def __init__(self, database: Database) -> None:
+        self._database = weakref.ref(database)
+        self._events: dict[int, set[asyncio.Event]] = {}
+        self._listener: asyncpg.Connection[asyncpg.Record] | None = None
+        self._connecting = asyncio.Lock()
+
+    async def subscribe(self, job_id: int) -> asyncio.Event:
+        """Return an event set when job `job_id` ends (or the listener is lost), listening
+        before it returns. Raises: `OSError` / `asyncpg.PostgresError`."""
+        async with self._connecting:
+            if self._listener is None or self._listener.is_closed():
+                database = self._database()
+                assert database is not None
+                listener = await db.connect(database.direct_dsn)
+                await listener.add_listener(DONE_CHANNEL, self._on_done)
+                listener.add_termination_listener(self._on_lost)
+                self._listener = listener
+        event = asyncio.Event()
+        self._events.setdefault(job_id, set()).add(event)
+        return event
+
+    def unsubscribe(self, job_id: int, event: asyncio.Event) -> None:
+        """Forget `event` (the wait is over)."""
+        waiting = self._events.get(job_id)
+        if waiting is not None:
+            waiting.discard(event)
+            if not waiting:
+                del self._events[job_id]
+
+    def _on_done(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
+        if isinstance(payload, str) and payload.isdigit():
+            for event in self._events.get(int(payload), ()):
+                event.set()
+
+    def _on_lost(self, *_: object) -> None:
+        self._listener = None
+        for waiting in self._events.values():
+            for event in waiting:
+                event.set()
+
+    async def close(self) -> None:
+        """Close the listener."""
+        listener, self._listener = self._listener, None
+        if listener is not None and not listener.is_closed():
+            await listener.close()
+
+
+_waiters: weakref.WeakKeyDictionary[Database, Waiters] = weakref.WeakKeyDictionary()
+
+
+def waiters(database: Database) -> Waiters:
+    """Return the `Waiters` of `database` (one per pool; closed with it)."""
+    found = _waiters.get(database)
+    if found is None:
+        found = _waiters[database] = Waiters(database)
+        database.before_close.append(found.close)
+    return found
+
+
+async def await_end(
+    job_id: int,
+    timeout: float,  # noqa: ASYNC109 - the time limit is the request's (`?wait=`)
+    *,
+    database: Database | None = None,
+) -> JobView:
+    """Wait up to `timeout` seconds for job `job_id` to finish and return it as it is then:
+    finished, or still queued or running when the time is up. Woken by the notification of
+    the statement that ends it (`Waiters`), within milliseconds of its commit.
+
+    Runs its statements alone (not in the caller's transaction: the job's end must be seen).
+    Raises: `NotFound` for an unknown job; `OSError` / `asyncpg.PostgresError`.
+    """
+    database = database or current_database()
+    registry = waiters(database)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        event = await registry.subscribe(job_id)
+        try:
+            job = await _mark_awaited(database, job_id)
+            remaining = deadline - loop.time()
+            if job.state.finished or remaining <= 0:
+                return job
+            try:
+                async with asyncio.timeout(remaining):
+                    await event.wait()
+            except TimeoutError:
+                pass
+        finally:
+            registry.unsubscribe(job_id, event)
+
+
+async def _mark_awaited(database: Database, job_id: int) -> JobView:
+    """Mark the job awaited where it is queued or running, and return it as it is now."""
+    async with database.pool.acquire() as conn:
+        for _ in range(_LOOKS):
+            marked = await sql.job_await.fetchval(conn, job_id=job_id)
+            job = await find(conn, job_id, now=clock.now())
+            if job is not None and (marked or job.state.finished):
+                return job
+            # elsewhere, or moved after the mark's snapshot: look again
+    raise NotFound("no such job", job_id=job_id)
+
+
+async def wait_for(
+    job_id: int,
+    timeout: float,  # noqa: ASYNC109 - `wait_for(job_id, timeout)`, like asyncio.wait_for
+    *,
+    database: Database | None = None,
+) -> Any:
+    """Wait up to `timeout` seconds for job `job_id` to finish and return its result (what its
+    handler returned, as JSON types; None when it returned None).
+
+    Raises: `JobFailed` (it is in the dead letter; the message is its last error),
+    `JobCancelled`, `TimeoutError` when it has not finished in time, `NotFound` for an unknown
+    job (or one finished and pruned, or retention off).
+    """
+    job = await await_end(job_id, timeout, database=database)
+    if job.state is JobState.SUCCEEDED:
+        return job.result
+    if job.state is JobState.FAILED:
+        raise JobFailed(job.last_error or "the job failed", job_id=job_id)
+    if job.state is JobState.CANCELLED:
+        raise JobCancelled(job_id=job_id)
+    raise TimeoutError(f"job {job_id} is {job.state} after {timeout:g} s")
