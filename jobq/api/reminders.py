@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from quart import Blueprint
+from quart import Blueprint, current_app
 from quart_schema import validate_response
 
 from jobq.api.auth import current_user_id, user_only
+from jobq.config import Settings
 from jobq.db import read_transaction, write_transaction
 from jobq.domain import reminders
 from jobq.domain.reminders import Reminder
@@ -26,6 +27,8 @@ async def get_reminder(reminder_id: int) -> Reminder:
 @user_only
 @write_transaction
 async def delete_reminder(reminder_id: int) -> tuple[str, int]:
-    """Cancel a reminder and its job: 204. 409 once sent."""
-    await reminders.cancel_reminder(reminder_id, current_user_id())
+    """Cancel a reminder and its job (a delivery running is cancelled too): 204. 409 once
+    sent."""
+    settings: Settings = current_app.extensions["jobq.settings"]
+    await reminders.cancel_reminder(reminder_id, current_user_id(), retain=settings.retain)
     return "", 204

@@ -7,6 +7,7 @@ or running).
 
 from __future__ import annotations
 
+import contextlib
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Self
@@ -18,7 +19,7 @@ from jobq import clock, db
 from jobq.domain.types import NOT_BLANK, REQUEST, Text
 from jobq.domain.users import require_user
 from jobq.errors import Conflict, LimitReached, NotFound
-from jobq.queue import Job, enqueue
+from jobq.queue import Job, control, enqueue
 
 SEND_REMINDER = "send_reminder"
 QUEUE = "reminders"
@@ -183,27 +184,31 @@ async def list_reminders(user_id: int) -> list[Reminder]:
     return [Reminder.model_validate(dict(r)) for r in rows]
 
 
-async def cancel_reminder(reminder_id: int, user_id: int) -> None:
-    """Delete the user's reminder not yet sent, with its queued (or dead) job, in one
-    statement.
+async def cancel_reminder(reminder_id: int, user_id: int, *, retain: bool = True) -> None:
+    """Delete the user's reminder not yet sent, and cancel its job (`jobq.queue.control.cancel`:
+    a queued job leaves the queue, a delivery running is cancelled and never retried; a dead
+    one is deleted), in the caller's transaction. `retain`: keep the cancelled job in
+    `job_done` (the retention setting).
 
-    A delivery already running finds the reminder gone and sends nothing more.
     Raises: `NotFound` (also when it is another user's); `Conflict` when it has been sent.
     """
-    deleted = await db.conn().fetchval(
+    conn = db.conn()
+    deleted = await conn.fetchrow(
         """
         WITH r AS (DELETE FROM reminders WHERE id = $1 AND user_id = $2 AND sent_at IS NULL
                    RETURNING job_id),
-             q AS (DELETE FROM job WHERE id IN (SELECT job_id FROM r)),
              d AS (DELETE FROM job_dead WHERE id IN (SELECT job_id FROM r))
-        SELECT count(*) FROM r
+        SELECT job_id FROM r
         """,
         reminder_id,
         user_id,
     )
-    if deleted:
+    if deleted is not None:
+        if deleted["job_id"] is not None:
+            with contextlib.suppress(NotFound, Conflict):  # dead (deleted above), or ended
+                await control.cancel(conn, deleted["job_id"], now=clock.now(), retain=retain)
         return
-    if await db.conn().fetchval(
+    if await conn.fetchval(
         "SELECT 1 FROM reminders WHERE id = $1 AND user_id = $2", reminder_id, user_id
     ):
         raise Conflict("the reminder has been sent already", reminder_id=reminder_id)
