@@ -7,9 +7,10 @@ taken. One JSON object per line goes to stdout (and is appended to `.bench/resul
 `"per_run"` (every run's figures) and `"machine"`. Then a table: workload, figure, value,
 target, met. Progress and the subprocesses' logs' location go to stderr.
 
-Workloads (what each times: `bench.queue_bench`, `bench.http_bench`, `bench.limits_bench`):
-throughput, pickup_latency, scheduled_lateness, http_reminders, enqueue_concurrent, memory,
-limits_overhead, queue_isolation, held_back_claim.
+Workloads (what each times: `bench.queue_bench`, `bench.http_bench`, `bench.limits_bench`,
+`bench.control_bench`): throughput, pickup_latency, scheduled_lateness, http_reminders,
+enqueue_concurrent, memory, limits_overhead, queue_isolation, held_back_claim,
+retention_overhead, cancel_latency, wait_wakeup.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from bench import http_bench, limits_bench, queue_bench
+from bench import control_bench, http_bench, limits_bench, queue_bench
 from bench.context import Context, Figures
 from bench.harness import BENCH_DIR, bench_database, machine
 
@@ -52,6 +53,9 @@ WORKLOADS: dict[str, Spec] = {
     "limits_overhead": Spec(limits_bench.limits_overhead, keys=("concurrency",)),
     "queue_isolation": Spec(limits_bench.queue_isolation),
     "held_back_claim": Spec(limits_bench.held_back_claim),
+    "retention_overhead": Spec(control_bench.retention_overhead, keys=("concurrency",)),
+    "cancel_latency": Spec(control_bench.cancel_latency),
+    "wait_wakeup": Spec(control_bench.wait_wakeup),
 }
 
 
@@ -93,6 +97,9 @@ TARGETS = (
     Target("limits_overhead", "ratio_to_unlimited", ">=", 0.9),
     Target("queue_isolation", "p99_ms", "<=", 3),
     Target("queue_isolation", "slow_running", "==", 2),
+    Target("retention_overhead", "ratio_to_off", ">=", 0.9),
+    Target("cancel_latency", "p99_ms", "<=", 50),
+    Target("wait_wakeup", "p99_ms", "<=", 5),
 )
 """The issue's targets (on a 2-core machine). "Flat as the queue grows" is read as: the peak
 RSS draining 100,000 jobs at most 10% above the peak draining 10,000."""

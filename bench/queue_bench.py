@@ -114,12 +114,12 @@ async def throughput(ctx: Context) -> list[Figures]:
     return lines
 
 
-async def _worker_drain(ctx: Context, concurrency: int) -> Figures:
+async def _worker_drain(ctx: Context, concurrency: int, **env: str) -> Figures:
+    """The worker's drain of `THROUGHPUT_JOBS` no-op jobs at `concurrency` (settings: `env`)."""
     await ctx.database.reset()
     jobs = _noop_jobs(THROUGHPUT_JOBS)
-    proc = ctx.spawn(
-        "worker", f"throughput-c{concurrency}", JOBQ_MAX_CONCURRENT_JOBS=str(concurrency)
-    )
+    what = f"throughput-c{concurrency}" + "".join(f"-{k}={v}" for k, v in env.items())
+    proc = ctx.spawn("worker", what, JOBQ_MAX_CONCURRENT_JOBS=str(concurrency), **env)
     try:
         async with ctx.connection() as conn:
             await registered(conn, proc)
