@@ -13,6 +13,7 @@ import functools
 import hmac
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
+from datetime import datetime
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
@@ -118,6 +119,48 @@ class CancelledJob(BaseModel):
 
     id: int
     state: JobState
+
+
+class Jobs(BaseModel):
+    """A page of jobs, newest (highest id) first. `next_after`: pass it as `after` for the next
+    page; null on the last page."""
+
+    jobs: list[JobView]
+    next_after: int | None
+
+
+class JobsQuery(BaseModel):
+    """`GET /jobs` query: `queue`, `job_type`, `state` (each: any when absent), `limit` (1-500,
+    default 100) and `after` (the last id of the previous page)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    queue: str | SkipJsonSchema[None] = Field(default=None, max_length=63)
+    job_type: str | SkipJsonSchema[None] = Field(default=None, max_length=100)
+    state: JobState | SkipJsonSchema[None] = None
+    limit: int = Field(default=100, ge=1, le=500)
+    after: Annotated[int, Field(ge=1, le=BIGINT_MAX)] | SkipJsonSchema[None] = None
+
+
+@bp.get("/jobs")
+@admin_only
+@validate_querystring(JobsQuery)
+@validate_response(Jobs)
+@read_transaction
+async def list_jobs(query_args: JobsQuery) -> Jobs:
+    """Every job wherever it is (queued, running, finished, dead), newest first, a page at a
+    time, filtered by `queue`, `job_type` and `state`."""
+    jobs = await control.list_jobs(
+        db.conn(),
+        now=clock.now(),
+        limit=query_args.limit,
+        after=query_args.after,
+        queue=query_args.queue,
+        job_type=query_args.job_type,
+        state=query_args.state,
+    )
+    more = len(jobs) == query_args.limit
+    return Jobs(jobs=jobs, next_after=jobs[-1].id if jobs and more else None)
 
 
 @bp.get("/jobs/<int:job_id>")
@@ -226,7 +269,31 @@ async def retry_dead_job(job_id: int) -> QueuedJob:
 
     409 (with `queued_job_id`) when an identical job is queued: the dead job stays.
     """
-    row = await dead.retry(db.conn(), job_id, now=clock.now())
+    return await _retry_dead(job_id, clock.now())
+
+
+@bp.post("/jobs/<int:job_id>/retry")
+@admin_only
+@validate_response(QueuedJob)
+@write_transaction
+async def retry_job(job_id: int) -> QueuedJob:
+    """Put a failed job (in the dead letter) back in the queue, ripe now, its retries reset:
+    the same as `POST /jobs/dead/<id>/retry`. 409 when the job is not failed (or an identical
+    job is queued), 404 when there is no such job."""
+    now = clock.now()
+    try:
+        return await _retry_dead(job_id, now)
+    except errors.NotFound:
+        job = await control.find(db.conn(), job_id, now=now)
+        if job is None:
+            raise
+        raise errors.Conflict(
+            f"only a failed job can be retried; this one is {job.state}", job_id=job_id
+        ) from None
+
+
+async def _retry_dead(job_id: int, now: datetime) -> QueuedJob:
+    row = await dead.retry(db.conn(), job_id, now=now)
     audit("dead_job.retry", f"job:{job_id} ({row['job_type']})")
     return QueuedJob.model_validate(row)
 

@@ -95,6 +95,30 @@ async def find(conn: Connection, job_id: int, *, now: datetime) -> JobView | Non
     return None if row is None else JobView.model_validate(dict(row))
 
 
+async def list_jobs(
+    conn: Connection,
+    *,
+    now: datetime,
+    limit: int,
+    after: int | None = None,
+    queue: str | None = None,
+    job_type: str | None = None,
+    state: JobState | None = None,
+) -> list[JobView]:
+    """Return up to `limit` jobs with ids below `after` (None: from the newest), newest (highest
+    id) first, of `queue`, `job_type` and `state` (None: any), as they are at `now`."""
+    rows = await sql.job_list.fetch(
+        conn,
+        now=now,
+        limit=limit,
+        after=after,
+        queue=queue,
+        job_type=job_type,
+        state=None if state is None else str(state),
+    )
+    return [JobView.model_validate(dict(r)) for r in rows]
+
+
 async def cancel(conn: Connection, job_id: int, *, now: datetime, retain: bool) -> JobState:
     """Cancel job `job_id` whatever its state, in the caller's transaction (or alone).
 

@@ -182,3 +182,72 @@ async def test_an_export_wait_answers_the_moment_the_file_is_ready(
     assert time.monotonic() - started < 10
     bad = await client.get(f"{export['status_url']}?wait=100")
     assert bad.status_code == 422
+
+
+async def test_jobs_are_listed_newest_first_filtered_and_a_page_at_a_time(
+    client: Client, make_worker: MakeWorker
+) -> None:
+    handlers = Registry()
+
+    @handlers.handler("ok", args=Args)
+    async def ok(args: Args, job: JobContext) -> int:
+        return args.n
+
+    @handlers.handler("bad", args=Args)
+    async def bad(args: Args, job: JobContext) -> None:
+        raise RuntimeError("boom")
+
+    done = [await enqueue(Job(job_type="ok", arguments={"n": i})) for i in range(3)]
+    dead = await enqueue(Job(job_type="bad", arguments={"n": 1}, max_retries=0))
+    worker = await make_worker(handlers)
+    assert await worker.run_once() == 4
+    await worker.wait_idle()
+    later = await enqueue(Job(job_type="ok", arguments={"n": 9}, queue="other").runs_in(hours=1))
+
+    async def page(query: str) -> Any:
+        response = await client.get(f"/jobs{query}", headers=ADMIN)
+        assert response.status_code == 200, await response.get_data(as_text=True)
+        return await response.get_json()
+
+    everything = await page("")
+    assert [j["id"] for j in everything["jobs"]] == [later.id, dead.id, *[d.id for d in done][::-1]]
+    assert [j["state"] for j in everything["jobs"]][:2] == ["scheduled", "failed"]
+    assert everything["next_after"] is None
+    assert [j["id"] for j in (await page("?state=succeeded"))["jobs"]] == [d.id for d in done[::-1]]
+    assert [j["id"] for j in (await page("?job_type=bad"))["jobs"]] == [dead.id]
+    assert [j["id"] for j in (await page("?queue=other"))["jobs"]] == [later.id]
+    first = await page("?limit=2")
+    assert len(first["jobs"]) == 2
+    rest = await page(f"?limit=2&after={first['next_after']}")
+    second = await page(f"?limit=2&after={rest['next_after']}")
+    seen = [j["id"] for p in (first, rest, second) for j in p["jobs"]]
+    assert seen == [j["id"] for j in everything["jobs"]]
+    for query in ("?state=dead", "?limit=0", "?after=0", "?colour=red"):
+        response = await client.get(f"/jobs{query}", headers=ADMIN)
+        assert response.status_code == 422, query
+    assert (await client.get("/jobs")).status_code == 401
+
+
+async def test_retry_puts_a_failed_job_back_and_refuses_the_others(
+    client: Client, make_worker: MakeWorker
+) -> None:
+    handlers = Registry()
+
+    @handlers.handler("bad", args=Args)
+    async def bad(args: Args, job: JobContext) -> None:
+        raise RuntimeError("boom")
+
+    failed = await enqueue(Job(job_type="bad", arguments={"n": 1}, max_retries=0))
+    worker = await make_worker(handlers)
+    assert await worker.run_once() == 1
+    await worker.wait_idle()
+    queued = await enqueue(Job(job_type="bad", arguments={"n": 2}).runs_in(hours=1))
+    response = await client.post(f"/jobs/{failed.id}/retry", headers=ADMIN)
+    assert response.status_code == 200
+    body = await response.get_json()
+    assert (body["id"], body["attempts"]) == (failed.id, 0)
+    assert (await get_job(client, failed.id))["state"] == "queued"
+    response = await client.post(f"/jobs/{queued.id}/retry", headers=ADMIN)
+    assert response.status_code == 409
+    assert_error(await response.get_json(), "conflict")
+    assert (await client.post("/jobs/987654/retry", headers=ADMIN)).status_code == 404
