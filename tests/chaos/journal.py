@@ -9,9 +9,10 @@ Two tables, created by the suite for the duration of a scenario:
   committed is there.
 
 A claim is a `job_running` row, known by its fencing token. How it ended is read from the
-arrivals of the same job in the same transaction: none (completed), `job` (retried, released
-with no attempt charged, or rescued: the rescue's error text) or `job_dead` (buried, rescued past
-its last retry, or merged). An execution belongs to the claim of its job, worker and attempt.
+arrivals of the same job in the same transaction: none or `job_done` `succeeded` (completed),
+`job_done` `cancelled` (cancel), `job` (retried, released with no attempt charged, or rescued:
+the rescue's error text) or `job_dead` (buried, rescued past its last retry, or merged). An
+execution belongs to the claim of its job, worker and attempt.
 
 `Analysis` turns this into the figures and invariants of the chaos scenarios.
 """
@@ -72,6 +73,13 @@ BEGIN
     RETURN NULL;
 END $$;
 
+CREATE OR REPLACE FUNCTION chaos_journal_done() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO chaos_journal (tbl, op, job_id, job_type, attempts, last_error)
+    SELECT 'job_done', state, id, job_type, attempts, last_error FROM arrived;
+    RETURN NULL;
+END $$;
+
 CREATE OR REPLACE TRIGGER chaos_journal AFTER INSERT ON job
     REFERENCING NEW TABLE AS arrived FOR EACH STATEMENT EXECUTE FUNCTION chaos_journal_queued();
 CREATE OR REPLACE TRIGGER chaos_journal AFTER INSERT ON job_dead
@@ -80,6 +88,8 @@ CREATE OR REPLACE TRIGGER chaos_journal_in AFTER INSERT ON job_running
     REFERENCING NEW TABLE AS arrived FOR EACH STATEMENT EXECUTE FUNCTION chaos_journal_claimed();
 CREATE OR REPLACE TRIGGER chaos_journal_out AFTER DELETE ON job_running
     REFERENCING OLD TABLE AS departed FOR EACH STATEMENT EXECUTE FUNCTION chaos_journal_released();
+CREATE OR REPLACE TRIGGER chaos_journal AFTER INSERT ON job_done
+    REFERENCING NEW TABLE AS arrived FOR EACH STATEMENT EXECUTE FUNCTION chaos_journal_done();
 """
 
 DROP = """
@@ -87,8 +97,10 @@ DROP TRIGGER IF EXISTS chaos_journal ON job;
 DROP TRIGGER IF EXISTS chaos_journal ON job_dead;
 DROP TRIGGER IF EXISTS chaos_journal_in ON job_running;
 DROP TRIGGER IF EXISTS chaos_journal_out ON job_running;
+DROP TRIGGER IF EXISTS chaos_journal ON job_done;
 DROP TABLE IF EXISTS chaos_journal, execution;
-DROP FUNCTION IF EXISTS chaos_journal_queued(), chaos_journal_claimed(), chaos_journal_released();
+DROP FUNCTION IF EXISTS chaos_journal_queued(), chaos_journal_claimed(), chaos_journal_released(),
+    chaos_journal_done();
 """
 
 
@@ -130,7 +142,7 @@ class Execution:
 @dataclass
 class Claim:
     """One stay of a job in `job_running`, and how it ended (`end` is None while it lasts):
-    complete, retry, release, bury, rescue, merged. `claimed_at` and `ended_at` are the
+    complete, retry, release, bury, rescue, merged, cancel. `claimed_at` and `ended_at` are the
     server's clock in the transactions that moved the row; `clock_at` is the claim's time as
     its worker gave it (`job_running.claimed_at`, what the rate windows count)."""
 
@@ -171,6 +183,8 @@ class Analysis:
         self.claims: dict[int, list[Claim]] = defaultdict(list)
         self.executions: dict[int, list[Execution]] = defaultdict(list)
         self.dead: set[int] = set()
+        self.cancelled: set[int] = set()
+        """Jobs that ended cancelled (`job_done`)."""
         self.where: dict[int, list[str]] = defaultdict(list)
         self.orphan_executions: list[Execution] = []
 
@@ -230,6 +244,12 @@ class Analysis:
             self.where[r["id"]].append(r["t"])
             if r["t"] == "job_dead":
                 self.dead.add(r["id"])
+        self.cancelled = {
+            r["id"]
+            for r in await conn.fetch(
+                "SELECT id FROM job_done WHERE id = ANY($1::bigint[]) AND state = 'cancelled'", ids
+            )
+        }
         return self
 
     # -- per job -------------------------------------------------------------------------------
@@ -253,7 +273,7 @@ class Analysis:
         the queue without their work done (or never seen again)."""
         lost = []
         for job_id in self.job_ids:
-            if job_id in self.dead or self.where[job_id]:
+            if job_id in self.dead or job_id in self.cancelled or self.where[job_id]:
                 continue
             done = self.completion(job_id)
             if done is None or not any(e.outcome == "ok" for e in done.executions):
@@ -277,6 +297,16 @@ class Analysis:
             if done is not None and done.ended_at is not None:
                 late += [e for e in self.executions[job_id] if e.started_at > done.ended_at]
         return late
+
+    def started_after_cancel(self, cancelled_at: dict[int, datetime]) -> list[Execution]:
+        """Executions that started after their job's cancel had committed (`cancelled_at`: job
+        id -> a time after its cancel's COMMIT returned)."""
+        return [
+            e
+            for job_id, at in cancelled_at.items()
+            for e in self.executions[job_id]
+            if e.started_at > at
+        ]
 
     def rescued(self) -> list[Claim]:
         return [c for claims in self.claims.values() for c in claims if c.end == "rescue"]
@@ -355,6 +385,8 @@ class Analysis:
 def _ending(claim: Claim, arrival: dict[str, Any] | None) -> str:
     if arrival is None:
         return "complete"
+    if arrival["tbl"] == "job_done":
+        return "complete" if arrival["op"] == "succeeded" else "cancel"
     error = arrival["last_error"] or ""
     if arrival["tbl"] == "job_dead":
         if error == RESCUE_ERROR:

@@ -19,6 +19,9 @@ import pytest
 from jobq import clock, db
 from jobq.check import check
 from jobq.db import Connection
+from jobq.errors import Conflict
+from jobq.queue import control
+from jobq.queue.control import JobState
 from tests.chaos.helpers import (
     WORKER_ENV,
     drained,
@@ -56,6 +59,33 @@ KILL_EVERY_S = (1.5, 2.5)
 KILL_SLEEP_S = 0.25
 """Each job sleeps 250 ms: with 16 slots per worker, every worker holds jobs mid-run (and
 mid-ack) at every instant, and the 10,000 jobs take about a minute: some 25 kills."""
+CANCELS_PER_KILL = 8
+"""Between two kills, cancels of jobs picked at random (queued, running or finished), and of
+`RUNNING_CANCELS_PER_KILL` more picked among those running then."""
+RUNNING_CANCELS_PER_KILL = 3
+
+
+async def cancel_some(
+    conn: Connection, ids: list[int], rng: random.Random, cancelled_at: dict[int, datetime]
+) -> dict[str, int]:
+    """Cancel `CANCELS_PER_KILL` jobs of `ids` at random; note when each cancel that took
+    effect had committed (`cancelled_at`); return how many ended cancelled, were told while
+    running, or were refused (finished already)."""
+    counts = {"cancelled": 0, "running": 0, "refused": 0}
+    running = await conn.fetch(
+        "SELECT id FROM job_running ORDER BY random() LIMIT $1", RUNNING_CANCELS_PER_KILL
+    )
+    for job_id in [*rng.sample(ids, CANCELS_PER_KILL), *(r["id"] for r in running)]:
+        if job_id in cancelled_at:
+            continue
+        try:
+            state = await control.cancel(conn, job_id, now=clock.now(), retain=True)
+        except Conflict:
+            counts["refused"] += 1
+            continue
+        cancelled_at[job_id] = utcnow()  # after the COMMIT (autocommit) returned
+        counts["cancelled" if state is JobState.CANCELLED else "running"] += 1
+    return counts
 
 
 @pytest.fixture(params=["direct", "pgbouncer"])
@@ -85,10 +115,15 @@ async def test_repeated_sigkill_loses_nothing_and_reruns_only_the_killed_workers
     kills: list[tuple[int, datetime]] = []  # (worker id, when)
     spawned = KILL_WORKERS
     rng = random.Random(4)
+    cancelled_at: dict[int, datetime] = {}
+    cancels: dict[str, int] = {"cancelled": 0, "running": 0, "refused": 0}
+    pickable = sorted(ids)
     try:
         while await remaining(conn) > 0:
             assert time.monotonic() - started < 300, "the queue did not drain in 300 s"
             await asyncio.sleep(rng.uniform(*KILL_EVERY_S))
+            for outcome, n in (await cancel_some(conn, pickable, rng, cancelled_at)).items():
+                cancels[outcome] += n
             for proc in live:
                 if proc.worker_id is None:  # a replacement: registered yet?
                     proc.worker_id = await conn.fetchval(
@@ -139,6 +174,7 @@ async def test_repeated_sigkill_loses_nothing_and_reruns_only_the_killed_workers
         for job_id in analysis.run_twice()
         if all(c.worker_id in died_at for c in analysis.claims[job_id][:-1] if c.executions)
     ]
+    started_after_cancel = analysis.started_after_cancel(cancelled_at)
     emit(
         {
             "scenario": "repeated_sigkill",
@@ -147,6 +183,12 @@ async def test_repeated_sigkill_loses_nothing_and_reruns_only_the_killed_workers
             "workers": KILL_WORKERS,
             "kills": len(kills),
             "jobs_held_at_kills": held,
+            "cancels": sum(cancels.values()),
+            "cancels_took_effect": cancels["cancelled"] + cancels["running"],
+            "cancels_of_running_jobs": cancels["running"],
+            "cancels_refused": cancels["refused"],
+            "ended_cancelled": len(analysis.cancelled),
+            "started_after_cancel": len(started_after_cancel),
             "run_twice_by_killed_workers": len(run_twice_by_killed),
             "rescue_p50_s": seconds(rescue_s, 0.5),
             "rescue_max_s": seconds(rescue_s, 1.0),
@@ -164,6 +206,10 @@ async def test_repeated_sigkill_loses_nothing_and_reruns_only_the_killed_workers
     assert [failed for failed in samples if failed] == []
     assert len(samples) > 10
     assert len(kills) >= 10, "too few kills to mean anything: the drain was too fast"
+    # every cancel that took effect ended its job cancelled, and none started after it
+    assert started_after_cancel == []
+    assert analysis.cancelled == set(cancelled_at)
+    assert cancels["running"] > 0, "no cancel reached a running job: the scenario proves little"
     assert held > 0
     assert rescued_from_live == []
     assert len(rescue_s) == figures["claims_ended"]["rescue"] >= held
