@@ -39,6 +39,14 @@ class Conflict(JobqError):
     code = "conflict"
 
 
+class DuplicateJob(JobqError):
+    """A twin of the job is queued or running (its `Unique` says to raise): `job_id` is the
+    twin's id."""
+
+    status = 409
+    code = "duplicate_job"
+
+
 class DatabaseUnavailable(JobqError):
     """The database is not answering; try again shortly."""
 

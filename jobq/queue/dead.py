@@ -33,7 +33,7 @@ job_dead_retry = Query(f"""
 WITH requeued AS (
     INSERT INTO job ({_QUEUED_COLUMNS})
     SELECT id, job_type, arguments, :now::timestamptz, priority, 0, max_retries, last_error,
-           created_at, queue, concurrency_key, false
+           created_at, queue, concurrency_key, false, 'queued', NULL
     FROM (SELECT * FROM job_dead WHERE id = :job_id FOR UPDATE) AS dead
     ON CONFLICT (md5) DO NOTHING
     RETURNING {_QUEUED_COLUMNS}

@@ -8,9 +8,9 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 from jobq import clock
 
@@ -22,6 +22,41 @@ JobType = str
 """A job type: lower-case letters, digits and `_.:-`, starting with a letter (max 100)."""
 
 
+class Unique(BaseModel):
+    """Which enqueues of a job are one job, and what an enqueue that finds its twin does.
+
+    The twin is a job of the same type with the same `key` (None: the same arguments),
+    `among`: `queued` jobs (the default; free: the insert checks it), `active` ones (queued or
+    running), any enqueued in the last `period` (required then, > 0), or `none` (every
+    enqueue is a job). `on_conflict`: `earlier` (the default) moves a queued twin's `ripe_at`
+    to this enqueue's if that is earlier, so that no job is ever postponed by a twin; `keep`
+    leaves it; `raise` raises `jobq.errors.DuplicateJob`. Either way the enqueue returns the
+    twin's id with `duplicate=True`.
+    Raises: `ValueError` (pydantic's `ValidationError`) for `period` without `among="period"`
+    or the reverse.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    among: Literal["none", "queued", "active", "period"] = "queued"
+    key: str | None = Field(default=None, min_length=1, max_length=200)
+    period: timedelta | None = Field(default=None, gt=timedelta(0))
+    on_conflict: Literal["earlier", "keep", "raise"] = "earlier"
+
+    @model_validator(mode="after")
+    def _period(self) -> Self:
+        if (self.period is not None) != (self.among == "period"):
+            raise ValueError('a period goes with among="period", and only with it')
+        return self
+
+
+DEFAULT_UNIQUE = Unique()
+"""Unique by type and arguments among queued jobs; an earlier enqueue hastens the twin."""
+
+ALLOW_DUPLICATES = Unique(among="none")
+"""Every enqueue is a job of its own."""
+
+
 class Job(BaseModel):
     """A job to enqueue.
 
@@ -31,6 +66,7 @@ class Job(BaseModel):
     (None: its handler's `max_retries`, else `DEFAULT_MAX_RETRIES`).
     `queue` (None: its handler's queue, else `default`) decides which workers' slots run it;
     `concurrency_key` (None: none) groups the jobs that the queue's per-key limits count.
+    `unique` (None: its handler's, else `DEFAULT_UNIQUE`) says which enqueues are one job.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -42,6 +78,7 @@ class Job(BaseModel):
     max_retries: int | None = Field(default=None, ge=0, le=100)
     queue: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_.:-]{0,62}$")
     concurrency_key: str | None = Field(default=None, min_length=1, max_length=200)
+    unique: Unique | None = None
 
     def runs_in(self, *, seconds: float = 0, minutes: float = 0, hours: float = 0) -> Self:
         """Return a copy that ripens that long after now (the app clock)."""

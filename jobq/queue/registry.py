@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from jobq.queue.backoff import Backoff
-from jobq.queue.model import DEFAULT_MAX_RETRIES, JobContext
+from jobq.queue.model import DEFAULT_MAX_RETRIES, DEFAULT_UNIQUE, JobContext, Unique
 
 A = TypeVar("A", bound=BaseModel)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -80,6 +80,7 @@ class Handler:
     queue: str
     max_retries: int = DEFAULT_MAX_RETRIES
     backoff: Backoff | None = None
+    unique: Unique = DEFAULT_UNIQUE
 
 
 class Registry:
@@ -98,6 +99,7 @@ class Registry:
         timeout: timedelta | float | None = None,
         max_retries: int = DEFAULT_MAX_RETRIES,
         backoff: Backoff | None = None,
+        unique: Unique = DEFAULT_UNIQUE,
     ) -> Callable[[F], F]:
         """Register the decorated function as the handler of `job_type`, whose jobs go to
         `queue` unless an enqueue names another (an undeclared queue is declared, no limits).
@@ -105,7 +107,8 @@ class Registry:
         `args` is the pydantic model the job's arguments are validated into before the call
         (invalid arguments send the job to the dead letter, not into retries). `timeout` is a
         `timedelta` or seconds. `max_retries` (0-100) is its jobs' retries unless an enqueue
-        names its own; `backoff` its retry delays (None: `Settings.backoff_*`).
+        names its own; `backoff` its retry delays (None: `Settings.backoff_*`); `unique`
+        which of its enqueues are one job unless an enqueue says otherwise (`Unique`).
         Raises: `ValueError` when `job_type` has a handler already, for a malformed queue name,
         or `max_retries` outside 0-100.
         """
@@ -127,6 +130,7 @@ class Registry:
                 queue=queue,
                 max_retries=max_retries,
                 backoff=backoff,
+                unique=unique,
             )
             return fn
 
@@ -162,6 +166,11 @@ class Registry:
         """Return the `max_retries` of `job_type`'s handler, or `DEFAULT_MAX_RETRIES`."""
         spec = self._handlers.get(job_type)
         return spec.max_retries if spec is not None else DEFAULT_MAX_RETRIES
+
+    def unique_of(self, job_type: str) -> Unique:
+        """Return the `Unique` of `job_type`'s handler, or `DEFAULT_UNIQUE`."""
+        spec = self._handlers.get(job_type)
+        return spec.unique if spec is not None else DEFAULT_UNIQUE
 
     def get(self, job_type: str) -> Handler | None:
         """Return the handler of `job_type`, or None."""

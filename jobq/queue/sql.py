@@ -62,33 +62,76 @@ WORKER_LOCK_CLASS = 1785684593
 
 _COLUMNS = (
     "id, job_type, arguments, ripe_at, priority, attempts, max_retries, last_error, created_at,"
-    " queue, concurrency_key, awaited"
+    " queue, concurrency_key, awaited, unique_mode, unique_key"
 )
 
+_KEY = "md5({t}job_type || coalesce('#' || {t}unique_key, {t}arguments::text))"
+"""A job's uniqueness key (`job.md5` for the `queued` mode, `job_unique.md5` for the others),
+over the columns of table alias `{t}` (with its dot)."""
+
+# One job (`store.enqueue`). `:unique_mode` `none` or `queued`: the insert, its md5 checked by
+# job_md5_key for `queued`. `active` and `period`: first take the key in job_unique, or take it
+# over when its job is no longer queued or running (`active`) or its period is over. Returns
+# the new job's id, or its twin's with duplicate true; no row when the twin committed after this
+# statement's snapshot (the caller tries again).
 job_enqueue = Query("""
-WITH queued AS (
-    INSERT INTO job (job_type, arguments, ripe_at, priority, max_retries, created_at, queue,
-                     concurrency_key)
-    VALUES (:job_type, :arguments::jsonb, :ripe_at, :priority, :max_retries, :now, :queue,
-            :concurrency_key)
+WITH new AS (
+    SELECT nextval(pg_get_serial_sequence('job', 'id')) AS id,
+           md5(:job_type::text || coalesce('#' || :unique_key::text, :arguments::jsonb::text))
+               AS md5
+), held AS (
+    INSERT INTO job_unique AS u (md5, job_id, until)
+    SELECT new.md5, new.id,
+           CASE WHEN :unique_mode::text = 'period' THEN :now::timestamptz + :period::interval END
+    FROM new WHERE :unique_mode IN ('active', 'period')
+    ON CONFLICT (md5) DO UPDATE SET job_id = EXCLUDED.job_id, until = EXCLUDED.until
+    WHERE CASE WHEN u.until IS NULL
+               THEN NOT EXISTS (SELECT FROM job WHERE id = u.job_id)
+                    AND NOT EXISTS (SELECT FROM job_running WHERE id = u.job_id)
+               ELSE u.until <= :now END
+    RETURNING job_id
+), queued AS (
+    INSERT INTO job (id, job_type, arguments, ripe_at, priority, max_retries, created_at, queue,
+                     concurrency_key, unique_mode, unique_key)
+    SELECT new.id, :job_type, :arguments::jsonb, :ripe_at, :priority, :max_retries, :now, :queue,
+           :concurrency_key, :unique_mode, :unique_key
+    FROM new WHERE :unique_mode IN ('none', 'queued') OR EXISTS (SELECT FROM held)
     ON CONFLICT (md5) DO NOTHING
     RETURNING id
 )
 SELECT id, false AS duplicate FROM queued
 UNION ALL
-SELECT id, true FROM job
-WHERE md5 = md5(:job_type || :arguments::jsonb::text) AND NOT EXISTS (SELECT FROM queued)
+SELECT job.id, true FROM job, new
+WHERE :unique_mode = 'queued' AND job.md5 = new.md5 AND NOT EXISTS (SELECT FROM queued)
+UNION ALL
+SELECT u.job_id, true FROM job_unique AS u, new
+WHERE :unique_mode IN ('active', 'period') AND u.md5 = new.md5 AND NOT EXISTS (SELECT FROM held)
 """)
 
+# A duplicate's twin, queued, ripens no later than :ripe_at (`Unique.on_conflict` `earlier`).
+job_hasten = Query("UPDATE job SET ripe_at = :ripe_at WHERE id = :job_id AND ripe_at > :ripe_at")
+
+# Many jobs of the modes `none` and `queued` (`store.enqueue_many`); the duplicates of queued
+# jobs are skipped, and the twins of those with :hasten ripen no later than they would have.
 job_enqueue_many = Query("""
-INSERT INTO job (job_type, arguments, ripe_at, priority, max_retries, created_at, queue,
-                 concurrency_key)
-SELECT t, a::jsonb, r, p, m, :now, q, k
-FROM unnest(:job_types::text[], :arguments::text[], :ripe_ats::timestamptz[],
-            :priorities::smallint[], :max_retries::int[], :queues::text[],
-            :concurrency_keys::text[]) AS u(t, a, r, p, m, q, k)
-ON CONFLICT (md5) DO NOTHING
-RETURNING id
+WITH u AS (
+    SELECT * FROM unnest(:job_types::text[], :arguments::text[], :ripe_ats::timestamptz[],
+                         :priorities::smallint[], :max_retries::int[], :queues::text[],
+                         :concurrency_keys::text[], :unique_modes::text[], :unique_keys::text[],
+                         :hasten::boolean[]) AS u(t, a, r, p, m, q, k, um, uk, h)
+), queued AS (
+    INSERT INTO job (job_type, arguments, ripe_at, priority, max_retries, created_at, queue,
+                     concurrency_key, unique_mode, unique_key)
+    SELECT t, a::jsonb, r, p, m, :now, q, k, um, uk FROM u
+    ON CONFLICT (md5) DO NOTHING
+    RETURNING id
+), hastened AS (
+    UPDATE job SET ripe_at = u.r
+    FROM u
+    WHERE u.h AND u.um = 'queued' AND job.md5 = md5(u.t || coalesce('#' || u.uk, u.a::jsonb::text))
+      AND job.ripe_at > u.r
+)
+SELECT id FROM queued
 """)
 
 _DEAD_COLUMNS = (
@@ -153,14 +196,15 @@ live AS (
 requeued AS (
     INSERT INTO job ({_COLUMNS})
     SELECT s.id, s.job_type, s.arguments, {ripe_at}, s.priority, {attempts}, s.max_retries,
-           {error}, s.created_at, s.queue, s.concurrency_key, s.awaited
+           {error}, s.created_at, s.queue, s.concurrency_key, s.awaited, s.unique_mode,
+           s.unique_key
     FROM live AS s
     ON CONFLICT (md5) DO NOTHING
     RETURNING id
 ), hastened AS (
     UPDATE job SET ripe_at = least(job.ripe_at, {ripe_at})
     FROM live AS s
-    WHERE job.md5 = md5(s.job_type || s.arguments::text)
+    WHERE s.unique_mode = 'queued' AND job.md5 = {_KEY.format(t="s.")}
       AND s.id NOT IN (SELECT id FROM requeued)
     RETURNING job.id, s.id AS merged_id
 ), merged AS (
@@ -208,7 +252,8 @@ _RECORD = f"""
               coalesce(u.ripe_at, least(r.ripe_at, :now::timestamptz)) AS next_ripe_at,
               r.attempts + u.charge AS next_attempts, r.max_retries,
               coalesce(u.error, r.last_error) AS next_error, r.created_at, r.queue,
-              r.concurrency_key, r.attempts, r.awaited, r.cancelled_at
+              r.concurrency_key, r.attempts, r.awaited, r.cancelled_at, r.unique_mode,
+              r.unique_key
 ), {
     _back_to_queue(
         "failed",

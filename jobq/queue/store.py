@@ -7,6 +7,7 @@ worker's operations take an explicit connection and run as single autocommit sta
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -21,8 +22,9 @@ from jobq.db import (
     write_transaction,
 )
 from jobq.db import conn as current_conn
+from jobq.errors import DuplicateJob
 from jobq.queue import sql
-from jobq.queue.model import ClaimedJob, Enqueued, Job, Outcome, Verdict
+from jobq.queue.model import ClaimedJob, Enqueued, Job, Outcome, Unique, Verdict
 from jobq.queue.notify import notifier
 from jobq.queue.registry import DEFAULT_QUEUE, QueueSpec, Registry, registry
 
@@ -60,13 +62,15 @@ async def enqueue(job: Job, *, handlers: Registry = registry) -> Enqueued:
     """Queue `job` in the transaction in progress and return its id; outside a transaction its
     one statement runs alone (autocommit: one round trip).
 
-    When an identical job (same `job_type` and `arguments`) is queued already, nothing is
-    inserted and that job's id is returned with `duplicate=True`. Workers are woken once per
-    transaction, after its commit (`wake_workers`): by a `NOTIFY jobq` sent then and, in this
-    process, by an event. A job already running does not count as a duplicate and never
-    makes this wait. `handlers` tells a job that names no `queue` or `max_retries` its
-    handler's (default: the process's registry).
-    Raises: `asyncpg.PostgresError` on database errors.
+    When the job has a twin (its `Unique`, else its handler's: by default an identical job,
+    same `job_type` and `arguments`, queued), nothing is inserted and the twin's id is returned
+    with `duplicate=True`; by default a queued twin due later is moved to this job's `ripe_at`
+    (never postponed). Workers are woken once per transaction, after its commit
+    (`wake_workers`): by a `NOTIFY jobq` sent then and, in this process, by an event.
+    `handlers` tells a job that names no `queue`, `max_retries` or `unique` its handler's
+    (default: the process's registry).
+    Raises: `DuplicateJob` when the twin's `Unique.on_conflict` is `raise`;
+    `asyncpg.PostgresError` on database errors.
     """
     if current_transaction() is not None:
         return await _enqueue(current_conn(), job, handlers)
@@ -84,7 +88,13 @@ def max_retries_of(job: Job, handlers: Registry = registry) -> int:
     return job.max_retries if job.max_retries is not None else handlers.max_retries_of(job.job_type)
 
 
+def unique_of(job: Job, handlers: Registry = registry) -> Unique:
+    """`job`'s uniqueness: its own `unique`, else its handler's, else `DEFAULT_UNIQUE`."""
+    return job.unique if job.unique is not None else handlers.unique_of(job.job_type)
+
+
 async def _enqueue(conn: Connection, job: Job, handlers: Registry) -> Enqueued:
+    unique = unique_of(job, handlers)
     for _ in range(3):
         row = await sql.job_enqueue.fetchrow(
             conn,
@@ -96,6 +106,9 @@ async def _enqueue(conn: Connection, job: Job, handlers: Registry) -> Enqueued:
             now=clock.now(),
             queue=queue_of(job, handlers),
             concurrency_key=job.concurrency_key,
+            unique_mode=unique.among,
+            unique_key=unique.key,
+            period=unique.period,
         )
         if row is not None:
             break
@@ -105,30 +118,55 @@ async def _enqueue(conn: Connection, job: Job, handlers: Registry) -> Enqueued:
         raise RuntimeError("enqueue did not settle after 3 tries")
     if not row["duplicate"]:
         wake_workers_after_commit()
+    elif unique.on_conflict == "raise":
+        raise DuplicateJob(f"a twin of this {job.job_type} job exists", job_id=row["id"])
+    elif unique.on_conflict == "earlier" and await _hasten(conn, row["id"], job.ripe_at):
+        wake_workers_after_commit()
     return Enqueued(id=row["id"], duplicate=row["duplicate"])
+
+
+async def _hasten(conn: Connection, job_id: int, ripe_at: datetime) -> bool:
+    """Move queued job `job_id` to `ripe_at` if that is earlier; return whether it moved."""
+    return await sql.job_hasten.execute(conn, job_id=job_id, ripe_at=ripe_at) != "UPDATE 0"
 
 
 @write_transaction
 async def enqueue_many(jobs: Iterable[Job], *, handlers: Registry = registry) -> list[int]:
     """Queue many jobs in one statement; return the ids of those that were not duplicates.
 
-    Joins the transaction in progress like `enqueue`. Duplicates (of queued jobs or within
-    the batch) are skipped. Raises: `asyncpg.PostgresError` on database errors.
+    Joins the transaction in progress like `enqueue`. Only the `Unique` modes `none` and
+    `queued` are taken here. Duplicates (of queued jobs, or within the batch: the earliest
+    `ripe_at` of the batch's twins is kept) are skipped; their twins are moved earlier as
+    `enqueue` does, unless `on_conflict` is `keep`.
+    Raises: `ValueError` for a job whose `Unique` is `active` or `period`, or `raise` on
+    conflict (enqueue those one at a time); `asyncpg.PostgresError` on database errors.
     """
-    batch = list(jobs)
+    batch: dict[tuple[str, ...], tuple[Job, Unique]] = {}
+    for job in jobs:
+        unique = unique_of(job, handlers)
+        if unique.among in ("active", "period") or unique.on_conflict == "raise":
+            raise ValueError(f"enqueue_many takes no {unique!r}: enqueue such jobs one by one")
+        twin = (job.job_type, unique.key or json.dumps(job.arguments, sort_keys=True))
+        key = (str(len(batch)),) if unique.among == "none" else twin
+        if key not in batch or job.ripe_at < batch[key][0].ripe_at:
+            batch[key] = (job, unique)
     if not batch:
         return []
     conn = current_conn()
+    pairs = list(batch.values())
     rows = await sql.job_enqueue_many.fetch(
         conn,
-        job_types=[j.job_type for j in batch],
-        arguments=[json_arg(j.arguments) for j in batch],
-        ripe_ats=[j.ripe_at for j in batch],
-        priorities=[j.priority for j in batch],
-        max_retries=[max_retries_of(j, handlers) for j in batch],
+        job_types=[j.job_type for j, _ in pairs],
+        arguments=[json_arg(j.arguments) for j, _ in pairs],
+        ripe_ats=[j.ripe_at for j, _ in pairs],
+        priorities=[j.priority for j, _ in pairs],
+        max_retries=[max_retries_of(j, handlers) for j, _ in pairs],
         now=clock.now(),
-        queues=[queue_of(j, handlers) for j in batch],
-        concurrency_keys=[j.concurrency_key for j in batch],
+        queues=[queue_of(j, handlers) for j, _ in pairs],
+        concurrency_keys=[j.concurrency_key for j, _ in pairs],
+        unique_modes=[u.among for _, u in pairs],
+        unique_keys=[u.key for _, u in pairs],
+        hasten=[u.on_conflict == "earlier" for _, u in pairs],
     )
     if rows:
         wake_workers_after_commit()

@@ -1,0 +1,31 @@
+-- Uniqueness made explicit (jobq.queue.model.Unique): per job, unique by type and arguments or
+-- by an explicit key (within its job type), among queued jobs (`queued`), queued and running
+-- ones (`active`), or within a period from the first enqueue (`period`); or not at all (`none`).
+
+ALTER TABLE job
+    ADD COLUMN unique_mode text NOT NULL DEFAULT 'queued'
+        CHECK (unique_mode IN ('none', 'queued', 'active', 'period')),
+    ADD COLUMN unique_key text CHECK (unique_key <> '' AND length(unique_key) <= 200);
+ALTER TABLE job_running
+    ADD COLUMN unique_mode text NOT NULL DEFAULT 'queued',
+    ADD COLUMN unique_key text;
+
+-- `queued`: at most one queued job per key, by the unique index on md5 (free: the insert that
+-- queues a job checks it). The key is the job type and its explicit key, or its arguments (a
+-- JSON object's text starts with '{', never '#': the two cannot meet).
+ALTER TABLE job DROP COLUMN md5;
+ALTER TABLE job ADD COLUMN md5 text GENERATED ALWAYS AS (
+    CASE WHEN unique_mode = 'queued'
+         THEN md5(job_type || coalesce('#' || unique_key, arguments::text)) END) STORED;
+CREATE UNIQUE INDEX job_md5_key ON job (md5);
+
+-- `active` and `period`: a key is held by one job, in a table of its own (the job moves between
+-- tables; the key must not). A key is free again once its job is neither queued nor running
+-- (`active`, `until` NULL) or once `until` has passed (`period`): the enqueue that finds it so
+-- takes it over, so no statement that ends a job has anything to do. The pruner forgets the
+-- keys that are free.
+CREATE TABLE job_unique (
+    md5    text        PRIMARY KEY,
+    job_id bigint      NOT NULL,
+    until  timestamptz
+);
