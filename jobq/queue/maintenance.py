@@ -86,8 +86,9 @@ async def prune_finished(
     """One round of retention on `job_done`: make the partitions of today and the next
     `PARTITIONS_AHEAD` days (UTC), drop those whose day ended `retention` before `now` (a
     drop is instant and leaves nothing to vacuum), and delete the default partition's rows
-    finished before `now - retention` in transactions of `batch` rows. Return how many rows
-    went from the default partition (a dropped partition's rows are not counted).
+    finished before `now - retention` in transactions of `batch` rows; then forget the free keys
+    of `job_unique` (`jobq.queue.model.Unique`), `batch` at a time. Return how many rows went
+    from the default partition (a dropped partition's rows are not counted).
 
     Each step is a short transaction of its own (so it works through a pooler); DDL gives up
     after `DDL_LOCK_TIMEOUT` and is tried again next round, and the pruners of several workers
@@ -113,7 +114,10 @@ async def prune_finished(
             count: int = await sql.job_done_prune_default.fetchval(conn, cutoff=cutoff, batch=batch)
             pruned += count
             if count < batch:
-                return pruned
+                break
+        while await sql.job_unique_prune.fetchval(conn, now=now, batch=batch) == batch:
+            pass
+        return pruned
 
 
 def _create_partition(day: date) -> str:

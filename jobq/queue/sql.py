@@ -85,10 +85,7 @@ WITH new AS (
            CASE WHEN :unique_mode::text = 'period' THEN :now::timestamptz + :period::interval END
     FROM new WHERE :unique_mode IN ('active', 'period')
     ON CONFLICT (md5) DO UPDATE SET job_id = EXCLUDED.job_id, until = EXCLUDED.until
-    WHERE CASE WHEN u.until IS NULL
-               THEN NOT EXISTS (SELECT FROM job WHERE id = u.job_id)
-                    AND NOT EXISTS (SELECT FROM job_running WHERE id = u.job_id)
-               ELSE u.until <= :now END
+    WHERE CASE WHEN u.until IS NULL THEN NOT job_is_active(u.job_id) ELSE u.until <= :now END
     RETURNING job_id
 ), queued AS (
     INSERT INTO job (id, job_type, arguments, ripe_at, priority, max_retries, created_at, queue,
@@ -724,6 +721,20 @@ job_done_prune_default = Query("""
 WITH gone AS (
     DELETE FROM job_done_default WHERE ctid = ANY(ARRAY(
         SELECT ctid FROM job_done_default WHERE finished_at < :cutoff LIMIT :batch))
+    RETURNING 1
+)
+SELECT count(*) FROM gone
+""")
+
+# :now, :batch. Forget up to `batch` keys of job_unique that are free (their period is over, or
+# their job is neither queued nor running); returns how many.
+job_unique_prune = Query("""
+WITH gone AS (
+    DELETE FROM job_unique WHERE ctid = ANY(ARRAY(
+        SELECT u.ctid FROM job_unique AS u
+        WHERE CASE WHEN u.until IS NULL THEN NOT job_is_active(u.job_id)
+                   ELSE u.until <= :now END
+        LIMIT :batch))
     RETURNING 1
 )
 SELECT count(*) FROM gone
