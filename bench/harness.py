@@ -30,7 +30,9 @@ from tests.toolkit.procs import Proc, check_running
 BENCH_DIR = PROJECT_ROOT / ".bench"
 """Where results (`results.jsonl`) and the subprocesses' logs (`logs/`) go."""
 
-JOB_TABLES = "job, job_running, job_dead, job_done, job_rate, worker, bench_event"
+JOB_TABLES = (
+    "job, job_running, job_dead, job_done, job_attempt, job_unique, job_rate, worker, bench_event"
+)
 DOMAIN_TABLES = "users, reminders, exports, bench_bare"
 
 

@@ -34,8 +34,8 @@ from tests.toolkit.procs import Procs
 from tests.toolkit.receiver import WebhookReceiver
 
 TABLES = (
-    "job, job_running, job_dead, job_done, worker, users, reminders, exports, api_keys, job_queue,"
-    " job_rate"
+    "job, job_running, job_dead, job_done, job_attempt, job_unique, worker, users, reminders,"
+    " exports, api_keys, job_queue, job_rate"
 )
 
 

@@ -52,6 +52,18 @@ class JobState(StrEnum):
         return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
 
+class FailedAttempt(BaseModel):
+    """One failed attempt of a job: its number (1 for the first), the worker that ran it, its
+    error, its traceback (the last 8,000 characters; null when nothing was raised: a rescue,
+    a timeout) and when its failure was recorded."""
+
+    attempt: int
+    worker_id: int | None
+    error: str | None
+    traceback: str | None
+    failed_at: AwareDatetime
+
+
 class JobView(BaseModel):
     """A job as it is now. Times are aware UTC datetimes; null where they do not apply."""
 
@@ -72,6 +84,10 @@ class JobView(BaseModel):
         description="when it was cancelled (a running job then ends cancelled)"
     )
     result: Any = Field(default=None, description="what its handler returned (succeeded)")
+    failed_attempts: list[FailedAttempt] = Field(
+        default_factory=list,
+        description="each failed attempt, in order (by id only: empty in lists)",
+    )
 
 
 class JobFailed(JobqError):
@@ -89,10 +105,14 @@ class JobCancelled(JobqError):
 
 
 async def find(conn: Connection, job_id: int, *, now: datetime) -> JobView | None:
-    """Return job `job_id` as it is at `now` (aware), or None when no table holds it (never
-    enqueued, or finished longer ago than the retention, or discarded from the dead letter)."""
+    """Return job `job_id` as it is at `now` (aware), with its failed attempts, or None when no
+    table holds it (never enqueued, or finished longer ago than the retention, or discarded
+    from the dead letter)."""
     row = await sql.job_find.fetchrow(conn, job_id=job_id, now=now)
-    return None if row is None else JobView.model_validate(dict(row))
+    if row is None:
+        return None
+    attempts = [dict(r) for r in await sql.job_attempts.fetch(conn, job_id=job_id)]
+    return JobView.model_validate(dict(row) | {"failed_attempts": attempts})
 
 
 async def list_jobs(

@@ -12,6 +12,7 @@ import json
 import logging
 import re
 import threading
+import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -32,9 +33,12 @@ log = logging.getLogger("jobq.worker")
 
 Attempt = tuple[Verdict, str | None, datetime | str | None]
 """What an attempt came to (`RETRY` for any failure: `execute` buries a job out of retries),
-its error, and for a `SNOOZE` when the job ripens again, for a `COMPLETE` its result (JSON)."""
+its error, and for a `SNOOZE` when the job ripens again, for a `COMPLETE` its result (JSON),
+for a failure that raised its traceback."""
 
 MAX_ERROR_CHARS = 2000
+MAX_TRACEBACK_CHARS = 8000
+"""A traceback is kept up to this long (its end: the innermost frames and the error)."""
 
 _NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 """An escaped NUL character in JSON text, which PostgreSQL's jsonb refuses."""
@@ -67,10 +71,26 @@ def result_json(value: Any, max_bytes: int) -> str | None:
     return text
 
 
+def _storable(text: str) -> str:
+    """`text` as PostgreSQL's `text` takes it: NUL and unpaired surrogates escaped."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode()
+
+
+def trace(exc: BaseException) -> str:
+    """Return the traceback of `exc` as text, its last `MAX_TRACEBACK_CHARS` characters."""
+    text = _storable("".join(traceback.format_exception(exc)))
+    return text if len(text) <= MAX_TRACEBACK_CHARS else "...\n" + text[-MAX_TRACEBACK_CHARS:]
+
+
 def describe(exc: BaseException) -> str:
-    """Return `Type: message` of an exception, cut to `MAX_ERROR_CHARS`."""
+    """Return `Type: message` of an exception, cut to `MAX_ERROR_CHARS` (NUL and unpaired
+    surrogates escaped: it is stored as text)."""
     text = f"{type(exc).__name__}: {exc}".rstrip(": ")
-    return text[:MAX_ERROR_CHARS]
+    return _storable(text)[:MAX_ERROR_CHARS]
+
+
+def _text(detail: datetime | str | None) -> str | None:
+    return detail if isinstance(detail, str) else None
 
 
 class _TimedOut(Exception):
@@ -170,9 +190,9 @@ class Executor:
             spec = self.handlers.get(job.job_type)
             backoff = spec.backoff if spec is not None and spec.backoff else self._backoff
             ripe_at = backoff.next_ripe_at(job.attempts + 1, clock.now())
-            outcome = Outcome(job.token, Verdict.RETRY, ripe_at, error)
+            outcome = Outcome(job.token, Verdict.RETRY, ripe_at, error, traceback=_text(detail))
         else:
-            outcome = Outcome(job.token, Verdict.BURY, error=error)
+            outcome = Outcome(job.token, Verdict.BURY, error=error, traceback=_text(detail))
         self.acker.add(job, outcome)
 
     async def _attempt(self, job: ClaimedJob) -> Attempt:
@@ -207,7 +227,7 @@ class Executor:
             else:
                 returned = await self._run_in_thread(spec.fn, args, context, limit)
         except DontRetry as exc:
-            return Verdict.BURY, describe(exc), None
+            return Verdict.BURY, describe(exc), trace(exc)
         except _TimedOut:
             return Verdict.RETRY, f"timed out after {limit:g}s", None
         except Snooze as exc:
@@ -221,7 +241,7 @@ class Executor:
                 describe(exc),
                 exc_info=log.isEnabledFor(logging.DEBUG),
             )
-            return Verdict.RETRY, describe(exc), None
+            return Verdict.RETRY, describe(exc), trace(exc)
         if isinstance(returned, Snooze):
             return Verdict.SNOOZE, None, clock.now() + returned.delay
         try:

@@ -68,27 +68,31 @@ def rescuer(database: Database, settings: Settings) -> Service:
 
 
 PARTITIONS_AHEAD = 2
-"""Days of `job_done` partitions made ahead of today (UTC)."""
+"""Days of partitions made ahead of today (UTC)."""
+
+BY_DAY = {"job_done": sql.job_done_prune_default, "job_attempt": sql.job_attempt_prune_default}
+"""The tables partitioned by UTC day (finished jobs, failed attempts), and the statement that
+prunes each one's default partition."""
 
 DDL_LOCK_TIMEOUT = "100ms"
 """How long the pruner's DDL waits for a lock before giving up until its next round: while it
 waits, the statements that finish jobs queue behind it."""
 
 
-def partition_name(day: date) -> str:
-    """The name of `job_done`'s partition of UTC day `day`: `job_done_pYYYYMMDD`."""
-    return f"job_done_p{day:%Y%m%d}"
+def partition_name(day: date, table: str = "job_done") -> str:
+    """The name of `table`'s partition of UTC day `day`: `<table>_pYYYYMMDD`."""
+    return f"{table}_p{day:%Y%m%d}"
 
 
 async def prune_finished(
     database: Database, *, now: datetime, retention: timedelta, batch: int = 5000
 ) -> int:
-    """One round of retention on `job_done`: make the partitions of today and the next
-    `PARTITIONS_AHEAD` days (UTC), drop those whose day ended `retention` before `now` (a
-    drop is instant and leaves nothing to vacuum), and delete the default partition's rows
-    finished before `now - retention` in transactions of `batch` rows; then forget the free keys
-    of `job_unique` (`jobq.queue.model.Unique`), `batch` at a time. Return how many rows went
-    from the default partition (a dropped partition's rows are not counted).
+    """One round of retention on `job_done` and `job_attempt` (`BY_DAY`): make the partitions
+    of today and the next `PARTITIONS_AHEAD` days (UTC), drop those whose day ended `retention`
+    before `now` (a drop is instant and leaves nothing to vacuum), and delete the default
+    partitions' rows older than `now - retention` in transactions of `batch` rows; then forget
+    the free keys of `job_unique` (`jobq.queue.model.Unique`), `batch` at a time. Return how
+    many rows went from the default partitions (a dropped partition's rows are not counted).
 
     Each step is a short transaction of its own (so it works through a pooler); DDL gives up
     after `DDL_LOCK_TIMEOUT` and is tried again next round, and the pruners of several workers
@@ -98,37 +102,39 @@ async def prune_finished(
     Raises: `asyncpg.PostgresError` / `OSError`.
     """
     cutoff = now - retention
+    today = now.astimezone(UTC).date()
+    pruned = 0
     async with database.pool.acquire() as conn:
-        existing = {r["relname"] for r in await sql.job_done_partitions.fetch(conn)}
-        today = now.astimezone(UTC).date()
-        for ahead in range(PARTITIONS_AHEAD + 1):
-            day = today + timedelta(days=ahead)
-            if partition_name(day) not in existing:
-                await _ddl(conn, _create_partition(day))
-        for name in sorted(existing):
-            day = datetime.strptime(name.removeprefix("job_done_p"), "%Y%m%d").date()
-            if datetime.combine(day + timedelta(days=1), time(), UTC) <= cutoff:
-                await _ddl(conn, f"DROP TABLE IF EXISTS {name}")
-        pruned = 0
-        while True:
-            count: int = await sql.job_done_prune_default.fetchval(conn, cutoff=cutoff, batch=batch)
-            pruned += count
-            if count < batch:
-                break
+        for table, prune_default in BY_DAY.items():
+            partitions = await sql.job_day_partitions.fetch(conn, parent=table)
+            existing = {r["relname"] for r in partitions}
+            for ahead in range(PARTITIONS_AHEAD + 1):
+                day = today + timedelta(days=ahead)
+                if partition_name(day, table) not in existing:
+                    await _ddl(conn, _create_partition(table, day))
+            for name in sorted(existing):
+                day = datetime.strptime(name.removeprefix(f"{table}_p"), "%Y%m%d").date()
+                if datetime.combine(day + timedelta(days=1), time(), UTC) <= cutoff:
+                    await _ddl(conn, f"DROP TABLE IF EXISTS {name}")
+            while True:
+                count: int = await prune_default.fetchval(conn, cutoff=cutoff, batch=batch)
+                pruned += count
+                if count < batch:
+                    break
         while await sql.job_unique_prune.fetchval(conn, now=now, batch=batch) == batch:
             pass
-        return pruned
+    return pruned
 
 
-def _create_partition(day: date) -> str:
+def _create_partition(table: str, day: date) -> str:
     start = datetime.combine(day, time(), UTC)
     end = start + timedelta(days=1)
-    name = partition_name(day)
+    name = partition_name(day, table)
     # CREATE then ATTACH: attaching locks the parent SHARE UPDATE EXCLUSIVE, which lets jobs go
     # on finishing (CREATE ... PARTITION OF would lock it ACCESS EXCLUSIVE).
     return (
-        f"CREATE TABLE {name} (LIKE job_done INCLUDING DEFAULTS INCLUDING CONSTRAINTS);"
-        f" ALTER TABLE job_done ATTACH PARTITION {name}"
+        f"CREATE TABLE {name} (LIKE {table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS);"
+        f" ALTER TABLE {table} ATTACH PARTITION {name}"
         f" FOR VALUES FROM ('{start.isoformat()}') TO ('{end.isoformat()}')"
     )
 

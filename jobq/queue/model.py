@@ -158,14 +158,16 @@ _COUNTED = {
 class Outcome:
     """What to record of one attempt of a claimed job, fenced by its `token`: its `verdict`,
     for a retry or a snooze the `ripe_at` to go back at (a release keeps the job's place: its
-    own `ripe_at`, or now if that is later), for a retry or burial the `error`, for a
-    completion the handler's `result` as JSON text (None: it returned None)."""
+    own `ripe_at`, or now if that is later), for a retry or burial the `error` (and the
+    `traceback`, when an exception was raised), for a completion the handler's `result` as
+    JSON text (None: it returned None)."""
 
     token: int
     verdict: Verdict
     ripe_at: datetime | None = None
     error: str | None = None
     result: str | None = None
+    traceback: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

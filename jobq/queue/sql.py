@@ -234,14 +234,16 @@ _COMPLETED = f"""completed AS (
 # :completed tokens; re-queued: :failed tokens, :failed_ripe_ats, :failed_errors (NULL: keep
 # it), :failed_charges (attempts charged: 1 for a failure, 0 for a release or a snooze),
 # :failed_ripe_ats NULL for a release (it keeps its place: its own ripe_at); :buried tokens,
-# :buried_errors; :now.
+# :buried_errors; :failed_tracebacks, :buried_tracebacks (NULL: none); :now.
+# A failure (charged) and a burial write the attempt's error and traceback to job_attempt.
 # Every outcome names its job's fencing token: a stale token (the job was rescued) matches no
 # row and changes nothing. CTE `recorded` holds the tokens recorded.
 _RECORD = f"""
 {_COMPLETED}, failed AS (
     DELETE FROM job_running AS r
     USING unnest(:failed::bigint[], :failed_ripe_ats::timestamptz[], :failed_errors::text[],
-                 :failed_charges::int[]) AS u(token, ripe_at, error, charge)
+                 :failed_charges::int[], :failed_tracebacks::text[])
+          AS u(token, ripe_at, error, charge, traceback)
     WHERE r.token = u.token
     RETURNING r.token, r.id, r.job_type, r.arguments, r.priority,
               -- a release keeps the job's place in the queue; a retry waits its backoff, a
@@ -250,7 +252,7 @@ _RECORD = f"""
               r.attempts + u.charge AS next_attempts, r.max_retries,
               coalesce(u.error, r.last_error) AS next_error, r.created_at, r.queue,
               r.concurrency_key, r.attempts, r.awaited, r.cancelled_at, r.unique_mode,
-              r.unique_key
+              r.unique_key, r.worker_id, u.charge, u.error AS attempt_error, u.traceback
 ), {
     _back_to_queue(
         "failed",
@@ -261,10 +263,20 @@ _RECORD = f"""
     )
 }, buried AS (
     DELETE FROM job_running AS r
-    USING unnest(:buried::bigint[], :buried_errors::text[]) AS u(token, error)
+    USING unnest(:buried::bigint[], :buried_errors::text[], :buried_tracebacks::text[])
+          AS u(token, error, traceback)
     WHERE r.token = u.token
     RETURNING r.token, r.id, r.job_type, r.arguments, r.priority, r.attempts, r.max_retries,
-              u.error, r.created_at, r.queue, r.concurrency_key, r.awaited, r.cancelled_at
+              u.error, r.created_at, r.queue, r.concurrency_key, r.awaited, r.cancelled_at,
+              r.worker_id, u.traceback
+), attempted AS (
+    INSERT INTO job_attempt (job_id, attempt, worker_id, error, traceback, failed_at)
+    SELECT id, attempts + 1, worker_id, error, traceback, :now::timestamptz FROM (
+        SELECT id, attempts, worker_id, attempt_error AS error, traceback FROM failed
+        WHERE charge > 0
+        UNION ALL SELECT id, attempts, worker_id, error, traceback FROM buried
+    ) AS a
+    WHERE :retain::boolean
 ), dead AS (
     INSERT INTO job_dead ({_DEAD_COLUMNS})
     SELECT id, job_type, arguments, priority, attempts + 1, max_retries, error, created_at, :now,
@@ -416,7 +428,10 @@ WITH alive AS ({_ALIVE}
 ), lost AS (
     DELETE FROM job_running
     WHERE lease_expires_at < :now OR worker_id NOT IN (SELECT worker_id FROM alive)
-    RETURNING {_COLUMNS}, cancelled_at
+    RETURNING {_COLUMNS}, cancelled_at, worker_id
+), attempted AS (
+    INSERT INTO job_attempt (job_id, attempt, worker_id, error, failed_at)
+    SELECT id, attempts + 1, worker_id, :error, :now FROM lost WHERE :retain::boolean
 ), retrying AS (  -- the cancelled ones end in `job_done` (_back_to_queue)
     SELECT * FROM lost WHERE attempts < max_retries OR cancelled_at IS NOT NULL
 ), {
@@ -689,6 +704,13 @@ UNION ALL
 # The job wherever it is.
 job_find = Query(f"SELECT * FROM ({_views('id = :job_id')}) AS j LIMIT 1")
 
+# Job :job_id's failed attempts, in order (kept as long as finished jobs are).
+job_attempts = Query("""
+SELECT attempt, worker_id, error, traceback, failed_at FROM job_attempt
+WHERE job_id = :job_id
+ORDER BY failed_at, attempt
+""")
+
 # A page of jobs, newest (highest id) first, below id :after (NULL: from the newest), of queue
 # :queue, type :job_type, state :state (each NULL: any). Each table gives its own page first,
 # through its index on id.
@@ -706,21 +728,30 @@ ORDER BY id DESC
 LIMIT :limit
 """)
 
-# -- retention: finished jobs by day (`jobq.queue.retention`) ----------------------------------
+# -- retention: finished jobs and failed attempts by day (`jobq.queue.maintenance`) -----------
 
-# The partitions of job_done (but the default one), as `job_done_pYYYYMMDD` names.
-job_done_partitions = Query("""
+# :parent (job_done or job_attempt). Its partitions but the default one, named `<parent>_p<day>`.
+job_day_partitions = Query("""
 SELECT c.relname FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
-WHERE i.inhparent = 'job_done'::regclass AND c.relname LIKE 'job\\_done\\_p%'
+WHERE i.inhparent = :parent::text::regclass
+  AND c.relname LIKE replace(:parent, '_', '\\_') || '\\_p%'
 ORDER BY c.relname
 """)
 
-# :cutoff, :batch. Delete up to `batch` rows of the default partition finished before `cutoff`;
-# returns how many.
+# :cutoff, :batch. Delete up to `batch` rows of the default partitions finished (failed) before
+# `cutoff`; returns how many.
 job_done_prune_default = Query("""
 WITH gone AS (
     DELETE FROM job_done_default WHERE ctid = ANY(ARRAY(
         SELECT ctid FROM job_done_default WHERE finished_at < :cutoff LIMIT :batch))
+    RETURNING 1
+)
+SELECT count(*) FROM gone
+""")
+job_attempt_prune_default = Query("""
+WITH gone AS (
+    DELETE FROM job_attempt_default WHERE ctid = ANY(ARRAY(
+        SELECT ctid FROM job_attempt_default WHERE failed_at < :cutoff LIMIT :batch))
     RETURNING 1
 )
 SELECT count(*) FROM gone

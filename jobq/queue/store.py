@@ -177,13 +177,10 @@ def _outcome_args(outcomes: Sequence[Outcome], now: datetime, retain: bool) -> d
     """The parameters of `sql._RECORD` for `outcomes`."""
     completed: list[int] = []
     results: list[str | None] = []
-    requeued: tuple[list[int], list[datetime | None], list[str | None], list[int]] = (
-        [],
-        [],
-        [],
-        [],
-    )
-    buried: tuple[list[int], list[str | None]] = ([], [])
+    requeued: tuple[
+        list[int], list[datetime | None], list[str | None], list[int], list[str | None]
+    ] = ([], [], [], [], [])
+    buried: tuple[list[int], list[str | None], list[str | None]] = ([], [], [])
     for o in outcomes:
         if o.verdict is Verdict.COMPLETE:
             completed.append(o.token)
@@ -191,11 +188,13 @@ def _outcome_args(outcomes: Sequence[Outcome], now: datetime, retain: bool) -> d
         elif o.verdict is Verdict.BURY:
             buried[0].append(o.token)
             buried[1].append(o.error)
+            buried[2].append(o.traceback)
         else:
             requeued[0].append(o.token)
             requeued[1].append(None if o.verdict is Verdict.RELEASE else o.ripe_at or now)
             requeued[2].append(o.error if o.verdict is Verdict.RETRY else None)
             requeued[3].append(1 if o.verdict is Verdict.RETRY else 0)
+            requeued[4].append(o.traceback)
     return {
         "completed": completed,
         "results": results,
@@ -204,8 +203,10 @@ def _outcome_args(outcomes: Sequence[Outcome], now: datetime, retain: bool) -> d
         "failed_ripe_ats": requeued[1],
         "failed_errors": requeued[2],
         "failed_charges": requeued[3],
+        "failed_tracebacks": requeued[4],
         "buried": buried[0],
         "buried_errors": buried[1],
+        "buried_tracebacks": buried[2],
         "now": now,
     }
 

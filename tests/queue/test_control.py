@@ -276,6 +276,64 @@ def test_result_json_says_why() -> None:
         result_json("long", 3)
 
 
+async def test_each_failed_attempt_is_kept_with_its_error_and_traceback(
+    conn: Connection, make_worker: MakeWorker
+) -> None:
+    handlers = Registry()
+
+    def deep(n: int) -> None:
+        raise RuntimeError(f"boom {n}\x00")  # a NUL: stored escaped
+
+    @handlers.handler("t", args=Args)
+    async def t(args: Args, job: JobContext) -> None:
+        deep(job.attempt)
+
+    worker = await make_worker(handlers, backoff_base=timedelta(0), backoff_max=timedelta(0))
+    created = await enqueue(Job(job_type="t", arguments={"n": 1}, max_retries=1))
+    for _ in range(2):
+        assert await worker.run_once() == 1
+        await worker.wait_idle()
+    job = await find(conn, created.id, now=clock.now())
+    assert job is not None
+    assert job.state is JobState.FAILED
+    assert [(a.attempt, a.error, a.worker_id) for a in job.failed_attempts] == [
+        (1, "RuntimeError: boom 1\\x00", worker.id),
+        (2, "RuntimeError: boom 2\\x00", worker.id),
+    ]
+    for failed in job.failed_attempts:
+        assert failed.traceback is not None
+        assert "in deep" in failed.traceback
+        assert failed.traceback.rstrip().endswith(failed.error or "")
+
+
+async def test_a_rescued_attempt_is_kept_as_a_failed_one(
+    conn: Connection, make_worker: MakeWorker
+) -> None:
+    gate = Gate()
+    handlers = Registry()
+
+    @handlers.handler("t", args=Args)
+    async def t(args: Args, job: JobContext) -> None:
+        await gate.enter(job.id)
+
+    worker = await make_worker(handlers)
+    created = await enqueue(Job(job_type="t", arguments={"n": 1}))
+    assert await worker.run_once() == 1
+    await gate.wait_entered()
+    await conn.execute(
+        "UPDATE job_running SET lease_expires_at = $2 WHERE id = $1",
+        created.id,
+        clock.now() - timedelta(seconds=1),
+    )
+    assert await worker.rescue() == 1
+    job = await find(conn, created.id, now=clock.now())
+    assert job is not None
+    assert [(a.attempt, a.error, a.traceback) for a in job.failed_attempts] == [
+        (1, "worker lost while running the job", None)
+    ]
+    gate.release()
+
+
 # -- waiting -----------------------------------------------------------------------------------
 
 
@@ -346,11 +404,12 @@ async def test_pruning_drops_whole_days_and_old_rows_of_the_default_partition(
     names = {
         r[0]
         for r in await conn.fetch(
-            "SELECT relname FROM pg_class WHERE relname LIKE 'job\\_done\\_p%' AND relkind = 'r'"
+            "SELECT relname FROM pg_class WHERE relname LIKE 'job\\_%\\_p%' AND relkind = 'r'"
         )
     }
     today = now.astimezone(UTC).date()
     assert {partition_name(today + timedelta(days=d)) for d in range(3)} <= names
+    assert {partition_name(today + timedelta(days=d), "job_attempt") for d in range(3)} <= names
     old_day = today - timedelta(days=10)
     await conn.execute(
         f"CREATE TABLE {partition_name(old_day)} PARTITION OF job_done FOR VALUES FROM "

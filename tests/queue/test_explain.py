@@ -49,8 +49,10 @@ def outcomes(tokens: list[int], now: datetime) -> dict[str, object]:
         "failed_ripe_ats": [now] * len(failed),
         "failed_errors": ["boom"] * len(failed),
         "failed_charges": [1] * len(failed),
+        "failed_tracebacks": [None] * len(failed),
         "buried": buried,
         "buried_errors": ["dead"] * len(buried),
+        "buried_tracebacks": [None] * len(buried),
         "now": now,
     }
 
