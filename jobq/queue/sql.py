@@ -69,12 +69,30 @@ _KEY = "md5({t}job_type || coalesce('#' || {t}unique_key, {t}arguments::text))"
 """A job's uniqueness key (`job.md5` for the `queued` mode, `job_unique.md5` for the others),
 over the columns of table alias `{t}` (with its dot)."""
 
-# One job (`store.enqueue`). `:unique_mode` `none` or `queued`: the insert, its md5 checked by
-# job_md5_key for `queued`. `active` and `period`: first take the key in job_unique, or take it
-# over when its job is no longer queued or running (`active`) or its period is over. Returns
-# the new job's id, or its twin's with duplicate true; no row when the twin committed after this
-# statement's snapshot (the caller tries again).
+# One job of the `Unique` modes `none` or `queued` (`store.enqueue`): the insert, whose md5
+# job_md5_key checks for `queued`. Returns the new job's id, or its queued twin's with
+# duplicate true; no row when the twin committed after this statement's snapshot, or was
+# claimed meanwhile (the caller tries again).
 job_enqueue = Query("""
+WITH queued AS (
+    INSERT INTO job (job_type, arguments, ripe_at, priority, max_retries, created_at, queue,
+                     concurrency_key, unique_mode, unique_key)
+    VALUES (:job_type, :arguments::jsonb, :ripe_at, :priority, :max_retries, :now, :queue,
+            :concurrency_key, :unique_mode, :unique_key)
+    ON CONFLICT (md5) DO NOTHING
+    RETURNING id
+)
+SELECT id, false AS duplicate FROM queued
+UNION ALL
+SELECT id, true FROM job
+WHERE md5 = md5(:job_type || coalesce('#' || :unique_key::text, :arguments::jsonb::text))
+  AND :unique_mode = 'queued' AND NOT EXISTS (SELECT FROM queued)
+""")
+
+# One job of the modes `active` or `period`: first take its key in job_unique, or take it over
+# when its job is no longer queued or running (`active`) or its period is over; then the job.
+# Returns as `job_enqueue` does (the twin is the key's job).
+job_enqueue_held = Query("""
 WITH new AS (
     SELECT nextval(pg_get_serial_sequence('job', 'id')) AS id,
            md5(:job_type::text || coalesce('#' || :unique_key::text, :arguments::jsonb::text))
@@ -83,26 +101,22 @@ WITH new AS (
     INSERT INTO job_unique AS u (md5, job_id, until)
     SELECT new.md5, new.id,
            CASE WHEN :unique_mode::text = 'period' THEN :now::timestamptz + :period::interval END
-    FROM new WHERE :unique_mode IN ('active', 'period')
+    FROM new
     ON CONFLICT (md5) DO UPDATE SET job_id = EXCLUDED.job_id, until = EXCLUDED.until
     WHERE CASE WHEN u.until IS NULL THEN NOT job_is_active(u.job_id) ELSE u.until <= :now END
     RETURNING job_id
 ), queued AS (
     INSERT INTO job (id, job_type, arguments, ripe_at, priority, max_retries, created_at, queue,
                      concurrency_key, unique_mode, unique_key)
-    SELECT new.id, :job_type, :arguments::jsonb, :ripe_at, :priority, :max_retries, :now, :queue,
-           :concurrency_key, :unique_mode, :unique_key
-    FROM new WHERE :unique_mode IN ('none', 'queued') OR EXISTS (SELECT FROM held)
-    ON CONFLICT (md5) DO NOTHING
+    SELECT held.job_id, :job_type, :arguments::jsonb, :ripe_at, :priority, :max_retries, :now,
+           :queue, :concurrency_key, :unique_mode, :unique_key
+    FROM held
     RETURNING id
 )
 SELECT id, false AS duplicate FROM queued
 UNION ALL
-SELECT job.id, true FROM job, new
-WHERE :unique_mode = 'queued' AND job.md5 = new.md5 AND NOT EXISTS (SELECT FROM queued)
-UNION ALL
 SELECT u.job_id, true FROM job_unique AS u, new
-WHERE :unique_mode IN ('active', 'period') AND u.md5 = new.md5 AND NOT EXISTS (SELECT FROM held)
+WHERE u.md5 = new.md5 AND NOT EXISTS (SELECT FROM held)
 """)
 
 # A duplicate's twin, queued, ripens no later than :ripe_at (`Unique.on_conflict` `earlier`).

@@ -95,8 +95,10 @@ def unique_of(job: Job, handlers: Registry = registry) -> Unique:
 
 async def _enqueue(conn: Connection, job: Job, handlers: Registry) -> Enqueued:
     unique = unique_of(job, handlers)
+    held = unique.among in ("active", "period")
+    statement = sql.job_enqueue_held if held else sql.job_enqueue
     for _ in range(3):
-        row = await sql.job_enqueue.fetchrow(
+        row = await statement.fetchrow(
             conn,
             job_type=job.job_type,
             arguments=job.arguments,
@@ -108,7 +110,7 @@ async def _enqueue(conn: Connection, job: Job, handlers: Registry) -> Enqueued:
             concurrency_key=job.concurrency_key,
             unique_mode=unique.among,
             unique_key=unique.key,
-            period=unique.period,
+            **({"period": unique.period} if held else {}),
         )
         if row is not None:
             break

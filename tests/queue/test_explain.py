@@ -144,13 +144,11 @@ async def test_dedup_lookup_uses_the_md5_index(filled: Connection) -> None:
         concurrency_key=None,
         unique_mode="queued",
         unique_key=None,
-        period=None,
     )
     assert "Conflict Arbiter Indexes: job_md5_key" in text, text
-    assert "Conflict Arbiter Indexes: job_unique_pkey" in text, text
     # the duplicate's lookup (not only the arbiter) is an index scan
     assert re.search(r"Index (Only )?Scan using job_md5_key on job", text), text
-    assert not re.search(r"Seq Scan on job(_unique)?\b", text), text
+    assert not re.search(r"Seq Scan on job\b", text), text
 
 
 async def test_next_ripe_at_uses_an_index(filled: Connection) -> None:
