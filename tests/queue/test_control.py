@@ -101,6 +101,7 @@ async def test_a_sync_handler_sees_the_cancel_and_its_late_result_changes_nothin
     conn: Connection, make_worker: MakeWorker
 ) -> None:
     started = threading.Event()
+    release = threading.Event()
     saw_cancel: list[bool] = []
     handlers = Registry()
 
@@ -108,6 +109,7 @@ async def test_a_sync_handler_sees_the_cancel_and_its_late_result_changes_nothin
     def t(args: Args, job: JobContext) -> dict[str, Any]:
         started.set()
         saw_cancel.append(job.cancelled.wait(10))
+        release.wait(10)
         return {"late": True}  # an outcome that arrives after the cancel
 
     worker = await make_worker(handlers)
@@ -117,6 +119,7 @@ async def test_a_sync_handler_sees_the_cancel_and_its_late_result_changes_nothin
     assert await cancel_now(conn, created.id) is JobState.RUNNING
     # running, marked: a cancel again says the same
     assert await cancel_now(conn, created.id) is JobState.RUNNING
+    release.set()
     await worker.wait_idle()
     assert saw_cancel == [True]
     job = await find(conn, created.id, now=clock.now())
