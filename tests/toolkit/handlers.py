@@ -88,3 +88,39 @@ async def recorded(args: RecordedArgs, job: JobContext) -> None:
         )
     if outcome == "failed":
         raise FailedOnPurpose(f"attempt {job.attempt} of job {job.id} fails on purpose")
+
+
+SYNC_JOB_TYPE = "recorded_sync"
+
+
+@handler(SYNC_JOB_TYPE, args=RecordedArgs, timeout=120)
+def recorded_sync(args: RecordedArgs, job: JobContext) -> bool:
+    """In the thread pool: record the execution's start, wait `sleep_s` unless the job is
+    cancelled first (`JobContext.cancelled`), record its end; return whether it was."""
+    execution_id = job.run_coroutine(_started(job))
+    cancelled = job.cancelled.wait(args.sleep_s)
+    job.run_coroutine(_finished(execution_id))
+    return cancelled
+
+
+async def _started(job: JobContext) -> int:
+    async with transaction() as conn:
+        execution_id: int = await conn.fetchval(
+            "INSERT INTO execution (job_id, attempt, worker_id, pid, started_at)"
+            " VALUES ($1, $2, $3, $4, $5) RETURNING id",
+            job.id,
+            job.attempt,
+            job.worker_id,
+            os.getpid(),
+            clock.now(),
+        )
+    return execution_id
+
+
+async def _finished(execution_id: int) -> None:
+    async with transaction() as conn:
+        await conn.execute(
+            "UPDATE execution SET finished_at = $2, outcome = 'ok' WHERE id = $1",
+            execution_id,
+            clock.now(),
+        )
