@@ -148,6 +148,10 @@ class Settings(BaseSettings):
     rescue_interval: Seconds = Field(
         default=timedelta(seconds=1), validation_alias=_env("RESCUE_INTERVAL_S")
     )
+    schedule_interval: Seconds = Field(
+        default=timedelta(seconds=1), validation_alias=_env("SCHEDULE_INTERVAL_S")
+    )
+    """How often each worker enqueues the schedules' coming occurrences (10 s ahead)."""
     drain_timeout: Seconds = Field(
         default=timedelta(seconds=10), validation_alias=_env("DRAIN_TIMEOUT_S")
     )
@@ -236,6 +240,9 @@ class Settings(BaseSettings):
     )
     """`run`: a child restarted more than `crash_loop_restarts` times within this window is a
     crash loop: the supervisor logs an ERROR, stops the others and exits 1."""
+    log_format: Literal["text", "json"] = Field(default="text", validation_alias=_env("LOG_FORMAT"))
+    """`text` lines, or `json`: one object per line, with the job's id, queue, type, attempt and
+    worker on the lines about one (`jobq.logs`)."""
 
     @field_validator("reminder_host_rate_period")
     @classmethod

@@ -34,7 +34,8 @@ from tests.toolkit.procs import Procs
 from tests.toolkit.receiver import WebhookReceiver
 
 TABLES = (
-    "job, job_running, job_dead, job_done, job_attempt, job_unique, worker, users, reminders,"
+    "job, job_running, job_dead, job_done, job_attempt, job_unique, job_schedule,"
+    " job_occurrence, worker, users, reminders,"
     " exports, api_keys, job_queue, job_rate"
 )
 

@@ -68,7 +68,11 @@ def rescuer(database: Database, settings: Settings) -> Service:
 
 
 PARTITIONS_AHEAD = 2
-"""Days of partitions made ahead of today (UTC)."""
+"""Days of partitions made ahead (UTC): tomorrow's and the next. Never today's: attaching a
+partition while a statement routes a row of its range to the default partition fails that
+statement (PostgreSQL checks the row against the default's new constraint), so a day's
+partition is attached before any row of it can exist. On a database's first day, its rows
+go to the default partition."""
 
 BY_DAY = {"job_done": sql.job_done_prune_default, "job_attempt": sql.job_attempt_prune_default}
 """The tables partitioned by UTC day (finished jobs, failed attempts), and the statement that
@@ -88,7 +92,7 @@ async def prune_finished(
     database: Database, *, now: datetime, retention: timedelta, batch: int = 5000
 ) -> int:
     """One round of retention on `job_done` and `job_attempt` (`BY_DAY`): make the partitions
-    of today and the next `PARTITIONS_AHEAD` days (UTC), drop those whose day ended `retention`
+    of the next `PARTITIONS_AHEAD` days (UTC), drop those whose day ended `retention`
     before `now` (a drop is instant and leaves nothing to vacuum), and delete the default
     partitions' rows older than `now - retention` in transactions of `batch` rows; then forget
     the free keys of `job_unique` (`jobq.queue.model.Unique`), `batch` at a time. Return how
@@ -108,7 +112,7 @@ async def prune_finished(
         for table, prune_default in BY_DAY.items():
             partitions = await sql.job_day_partitions.fetch(conn, parent=table)
             existing = {r["relname"] for r in partitions}
-            for ahead in range(PARTITIONS_AHEAD + 1):
+            for ahead in range(1, PARTITIONS_AHEAD + 1):
                 day = today + timedelta(days=ahead)
                 if partition_name(day, table) not in existing:
                     await _ddl(conn, _create_partition(table, day))

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from jobq.queue.backoff import Backoff
 from jobq.queue.model import DEFAULT_MAX_RETRIES, DEFAULT_UNIQUE, JobContext, Unique
+from jobq.queue.recurrence import Misfire, ScheduleSpec
 
 A = TypeVar("A", bound=BaseModel)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -88,6 +89,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._handlers: dict[str, Handler] = {}
+        self._schedules: dict[str, ScheduleSpec] = {}
         self._queues: dict[str, QueueSpec] = {DEFAULT_QUEUE: QueueSpec(DEFAULT_QUEUE)}
 
     def handler(
@@ -153,6 +155,53 @@ class Registry:
         self._queues[name] = spec
         return spec
 
+    def periodic(
+        self,
+        cron: str | None = None,
+        *,
+        every: timedelta | float | None = None,
+        tz: str = "UTC",
+        arguments: dict[str, Any] | None = None,
+        misfire: Misfire = "one",
+        backfill: int | None = None,
+        name: str | None = None,
+        queue: str | None = None,
+    ) -> Callable[[F], F]:
+        """Declare the decorated handler (registered with `@handler`, below this decorator)
+        periodic: its job is enqueued with `arguments` at each occurrence of `cron` (5 fields,
+        or 6 with seconds first; wall-clock time in IANA zone `tz`) or of `every` (a
+        `timedelta` or seconds, at least 1 s, on multiples of it since the Unix epoch).
+        `misfire` says what becomes of occurrences missed while no worker ran: `skip`, `one`
+        (the latest, once) or `backfill` (the `backfill` latest). `name` (default: the job
+        type) identifies the schedule; workers write it to `job_schedule` when they start
+        (`jobq.queue.schedule`). Raises: `ValueError` for an invalid expression or zone, an
+        interval under 1 s, or a function with no handler yet."""
+        every_s = every.total_seconds() if isinstance(every, timedelta) else every
+
+        def declare(fn: F) -> F:
+            job_type = next((h.job_type for h in self._handlers.values() if h.fn is fn), None)
+            if job_type is None:
+                raise ValueError("@periodic goes above @handler (the handler first)")
+            spec = ScheduleSpec(
+                name=name or job_type,
+                job_type=job_type,
+                cron=cron,
+                every_s=every_s,
+                tz=tz,
+                arguments=tuple(sorted((arguments or {}).items())),
+                misfire=misfire,
+                backfill=backfill,
+                queue=queue,
+            )
+            self._schedules[spec.name] = spec
+            return fn
+
+        return declare
+
+    def schedules(self) -> list[ScheduleSpec]:
+        """Return the schedules declared in code."""
+        return list(self._schedules.values())
+
     def queues(self) -> dict[str, QueueSpec]:
         """Return the declared queues by name (`default` always among them)."""
         return dict(self._queues)
@@ -181,6 +230,9 @@ registry = Registry()
 """The process's default registry; `jobq.jobs` registers the application's handlers here."""
 
 handler = registry.handler
+
+periodic = registry.periodic
+"""Declare a handler periodic on the default registry (see `Registry.periodic`)."""
 
 declare_queue = registry.queue
 """Declare a queue and its limits on the default registry (see `Registry.queue`)."""

@@ -784,3 +784,59 @@ WITH gone AS (
 )
 SELECT count(*) FROM gone
 """)
+
+# -- schedules (`jobq.queue.schedule`) ----------------------------------------------------------
+
+# :names. Delete the code schedules not among them.
+schedule_forget_code = Query("""
+DELETE FROM job_schedule WHERE source = 'code' AND NOT (name = ANY(:names::text[]))
+""")
+
+# A schedule as declared: new, or changed (its spec differs: it starts again at :next_at), or
+# as it was (nothing changes, its next_at neither).
+schedule_declare = Query("""
+INSERT INTO job_schedule AS s (name, source, job_type, arguments, occurrence_arg, queue, cron,
+                              every_s, rrule, tz, starts_at, misfire, backfill, next_at, spec)
+VALUES (:name, :source, :job_type, :arguments::jsonb, :occurrence_arg, :queue, :cron, :every_s,
+        :rrule, :tz, :starts_at, :misfire, :backfill, :next_at, :spec)
+ON CONFLICT (name) DO UPDATE
+SET source = EXCLUDED.source, job_type = EXCLUDED.job_type, arguments = EXCLUDED.arguments,
+    occurrence_arg = EXCLUDED.occurrence_arg, queue = EXCLUDED.queue, cron = EXCLUDED.cron,
+    every_s = EXCLUDED.every_s, rrule = EXCLUDED.rrule, tz = EXCLUDED.tz,
+    starts_at = EXCLUDED.starts_at, misfire = EXCLUDED.misfire, backfill = EXCLUDED.backfill,
+    next_at = EXCLUDED.next_at, spec = EXCLUDED.spec
+WHERE s.spec IS DISTINCT FROM EXCLUDED.spec
+""")
+
+# The schedules (not paused) whose next occurrence is due by :horizon, locked for this
+# transaction; those another scheduler holds are skipped.
+schedule_due = Query("""
+SELECT * FROM job_schedule
+WHERE NOT paused AND next_at <= :horizon
+ORDER BY next_at
+LIMIT :limit
+FOR UPDATE SKIP LOCKED
+""")
+
+schedule_advance = Query("UPDATE job_schedule SET next_at = :next_at WHERE name = :name")
+
+# The occurrences :ats of schedule :name (:at_texts: the same in ISO 8601, for :occurrence_arg)
+# not enqueued before: one job each, ripe at its time, every enqueue its own job
+# (unique_mode none: the occurrence's row is its uniqueness). Returns the new jobs' ids.
+schedule_enqueue = Query("""
+WITH occurrence AS (
+    INSERT INTO job_occurrence (schedule, at, job_id)
+    SELECT :name, u.at, nextval(pg_get_serial_sequence('job', 'id'))
+    FROM unnest(:ats::timestamptz[]) AS u(at)
+    ON CONFLICT (schedule, at) DO NOTHING
+    RETURNING at, job_id
+)
+INSERT INTO job (id, job_type, arguments, ripe_at, max_retries, created_at, queue, unique_mode)
+SELECT o.job_id, :job_type,
+       CASE WHEN :occurrence_arg::text IS NULL THEN :arguments::jsonb
+            ELSE :arguments::jsonb || jsonb_build_object(:occurrence_arg::text, t.text) END,
+       o.at, :max_retries, :now, :queue, 'none'
+FROM occurrence AS o
+JOIN unnest(:ats::timestamptz[], :at_texts::text[]) AS t(at, text) ON t.at = o.at
+RETURNING id
+""")

@@ -36,7 +36,7 @@ import asyncpg
 from jobq import clock, db
 from jobq.config import Settings
 from jobq.db import Connection, Database
-from jobq.queue import notify, sql, store
+from jobq.queue import notify, schedule, sql, store
 from jobq.queue.acker import Acker
 from jobq.queue.executor import Executor, describe
 from jobq.queue.maintenance import Service, pruner, rescuer
@@ -103,8 +103,9 @@ class Worker:
         self._loop = asyncio.get_running_loop()
         specs = self.handlers.queues()
         self._limited = {n for n in self.slots.capacity if has_limits(specs[n])}
-        async with self.database.pool.acquire() as conn:
+        async with self.database.pool.acquire() as conn, conn.transaction():
             await store.declare_queues(conn, specs.values())
+            await schedule.declare(conn, self.handlers.schedules(), now=clock.now())
         await self._connect()
         assert self.id is not None
         self.executor.open(self.id)
@@ -194,6 +195,7 @@ class Worker:
                 Service("heartbeat", self.settings.heartbeat_interval, self.heartbeat),
                 self._rescuer,
                 pruner(self.database, self.settings),
+                Service("schedule", self.settings.schedule_interval, self.enqueue_scheduled),
             )
         ]
         watch = asyncio.create_task(self._watch(stop))
@@ -393,6 +395,11 @@ class Worker:
         if count:
             log.warning("worker %s: %d claimed jobs never reached it; released", self.id, count)
             store.wake_workers(self.database)
+
+    async def enqueue_scheduled(self) -> int:
+        """One round of this worker's scheduler (`jobq.queue.schedule.enqueue_due`); return
+        how many occurrences were enqueued."""
+        return await schedule.enqueue_due(self.database, self.handlers, now=clock.now())
 
     async def rescue(self) -> int:
         """One round of this worker's rescuer (`jobq.queue.maintenance.rescuer`); return how
