@@ -95,7 +95,8 @@ async def prune_finished(
     of the next `PARTITIONS_AHEAD` days (UTC), drop those whose day ended `retention`
     before `now` (a drop is instant and leaves nothing to vacuum), and delete the default
     partitions' rows older than `now - retention` in transactions of `batch` rows; then forget
-    the free keys of `job_unique` (`jobq.queue.model.Unique`), `batch` at a time. Return how
+    the free keys of `job_unique` (`jobq.queue.model.Unique`) and the schedules' occurrences
+    older than the retention (and a day), `batch` at a time. Return how
     many rows went from the default partitions (a dropped partition's rows are not counted).
 
     Each step is a short transaction of its own (so it works through a pooler); DDL gives up
@@ -126,6 +127,11 @@ async def prune_finished(
                 if count < batch:
                     break
         while await sql.job_unique_prune.fetchval(conn, now=now, batch=batch) == batch:
+            pass
+        occurrences = min(cutoff, now - timedelta(days=1))
+        while (
+            await sql.job_occurrence_prune.fetchval(conn, cutoff=occurrences, batch=batch) == batch
+        ):
             pass
     return pruned
 

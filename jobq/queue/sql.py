@@ -840,3 +840,14 @@ FROM occurrence AS o
 JOIN unnest(:ats::timestamptz[], :at_texts::text[]) AS t(at, text) ON t.at = o.at
 RETURNING id
 """)
+
+# :cutoff, :batch. Forget up to `batch` occurrences older than `cutoff` (a schedule never goes
+# back that far); returns how many.
+job_occurrence_prune = Query("""
+WITH gone AS (
+    DELETE FROM job_occurrence WHERE ctid = ANY(ARRAY(
+        SELECT ctid FROM job_occurrence WHERE at < :cutoff LIMIT :batch))
+    RETURNING 1
+)
+SELECT count(*) FROM gone
+""")
