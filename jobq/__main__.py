@@ -1,4 +1,5 @@
-"""`python -m jobq run | serve | worker | migrate | check | db-stop`."""
+"""`python -m jobq run | serve | worker | migrate | check | db-stop | sql`, and the job store's
+commands: `enqueue`, `jobs`, `dead`, `queues`, `schedules`, `prune`, `stats` (`jobq.cli`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from jobq import cli, logs
 from jobq.config import Settings
 from jobq.queue.slots import ConfigError
 
@@ -185,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     parser = argparse.ArgumentParser(prog="python -m jobq", description=__doc__)
     parser.add_argument(
-        "command", choices=["run", "serve", "worker", "migrate", "check", "db-stop", "sql"]
+        "command",
+        choices=["run", "serve", "worker", "migrate", "check", "db-stop", "sql", *cli.COMMANDS],
+        help="the job store's commands have their own help: python -m jobq jobs --help",
     )
     parser.add_argument("name", nargs="?", help="sql: the statement to print whole")
     parser.add_argument(
@@ -197,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         default=60.0,
         help="check: how long a job of a dead or hung worker may await its rescue (seconds)",
     )
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    store_command = bool(argv) and argv[0] in cli.COMMANDS
+    args = cli.parse(argv) if store_command else parser.parse_args(argv)
     command = args.command
     if command in ("serve", "worker"):
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -211,10 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValidationError, ConfigError, ImportError, ValueError) as exc:
         print(f"jobq: {_one_line(exc)}", file=sys.stderr)
         return 1
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.configure(settings.log_level, settings.log_format)
     logging.getLogger("pgserver").setLevel(logging.WARNING)  # its INFO is initdb chatter
     if command == "db-stop":
         from jobq import embedded
@@ -224,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if command == "check":
         return run(check(settings, args.rescue_grace_s))
+    if store_command:
+        return run(cli.run(args, settings))
     if command == "run":
         code = supervise(settings)
     elif command == "serve":

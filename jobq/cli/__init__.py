@@ -1,0 +1,174 @@
+"""`python -m jobq <command>`: the job store from a shell, for operators and scripts.
+
+    enqueue JOB_TYPE [--args JSON] [--queue Q] [--in SECONDS | --at ISO] [--priority N]
+                     [--max-retries N]
+    jobs list [--queue Q] [--type T] [--state S] [--limit N] [--after ID]
+    jobs show ID | jobs cancel ID | jobs retry ID
+    dead list [--limit N] [--after ID] | dead retry (ID | --all) | dead discard ID
+    queues list | queues pause NAME | queues resume NAME
+    schedules list
+    prune [--retention-s S]
+    stats
+
+Each prints a readable table, or with `--json` one JSON document on stdout (times ISO 8601 UTC
+with `Z`, durations in seconds). Errors go to stderr as `jobq: <message>`; progress too (`dead
+retry --all`, `prune`). The database is the settings' (`DATABASE_URL`, else the embedded
+server), as for `python -m jobq check`; no migration is applied.
+
+Exit codes: 0 done; 1 failed (invalid settings, database unreachable or unmigrated, a database
+error); 2 usage error (with a usage line); 3 not found (no such job, dead job or queue); 4
+conflict (the job's state forbids it: cancel a finished job, retry a job that is not failed or
+whose identical twin is queued; `dead retry --all` when it left some for that reason).
+
+Each change is one short transaction through the engine's own verbs (`jobq.queue.control`,
+`.dead`, `.store`, `.maintenance`), and the admin actions are logged on `jobq.audit` like the
+HTTP ones, with `actor=cli:<user>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import asyncpg
+from pydantic import ValidationError
+
+from jobq import db, embedded
+from jobq.cli import commands
+from jobq.cli.commands import CONFLICT, FAILED, NOT_FOUND
+from jobq.config import Settings
+from jobq.db import Database
+from jobq.errors import Conflict, DuplicateJob, JobqError, NotFound
+from jobq.queue.control import JobState
+
+COMMANDS = ("enqueue", "jobs", "dead", "queues", "schedules", "prune", "stats")
+"""The first words of this package's commands."""
+
+Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
+
+
+def parser() -> argparse.ArgumentParser:
+    """The parser of the job store's commands; each sets `run` (its `Command`) and
+    `command_parser` (its own parser, whose `error()` prints its usage line and exits 2)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print one JSON document")
+    top = argparse.ArgumentParser(prog="python -m jobq", description=__doc__.split("\n\n")[0])
+    first = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def leaf(group: Any, name: str, run: Command, help: str) -> argparse.ArgumentParser:
+        sub: argparse.ArgumentParser = group.add_parser(name, parents=[common], help=help)
+        sub.set_defaults(run=run, command_parser=sub)
+        return sub
+
+    def page(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--limit", type=positive, default=100, help="at most this many")
+        sub.add_argument("--after", type=positive, help="ids below this one (the next page)")
+
+    sub = leaf(first, "enqueue", commands.enqueue, "enqueue a job; prints its id")
+    sub.add_argument("job_type")
+    sub.add_argument("--args", default="{}", metavar="JSON", help="its arguments, an object")
+    sub.add_argument("--queue", help="default: its handler's")
+    when = sub.add_mutually_exclusive_group()
+    when.add_argument("--in", dest="in_s", type=float, metavar="SECONDS", help="ripe in")
+    when.add_argument("--at", metavar="ISO", help="ripe at (ISO 8601, with Z or an offset)")
+    sub.add_argument("--priority", type=int, default=0, metavar="N", help="higher runs first")
+    sub.add_argument("--max-retries", type=int, metavar="N", help="default: its handler's")
+
+    jobs = first.add_parser("jobs", help="any job: list, show, cancel, retry")
+    verbs = jobs.add_subparsers(dest="verb", required=True, metavar="VERB")
+    sub = leaf(verbs, "list", commands.jobs_list, "jobs, newest first")
+    sub.add_argument("--queue")
+    sub.add_argument("--type", help="job type")
+    sub.add_argument("--state", choices=[s.value for s in JobState])
+    page(sub)
+    for name, run, help in (
+        ("show", commands.jobs_show, "one job, with its failed attempts"),
+        ("cancel", commands.jobs_cancel, "cancel a job whatever its state"),
+        ("retry", commands.jobs_retry, "put a failed job back in the queue"),
+    ):
+        leaf(verbs, name, run, help).add_argument("id", type=positive)
+
+    dead_jobs = first.add_parser("dead", help="the dead letter: list, retry, discard")
+    verbs = dead_jobs.add_subparsers(dest="verb", required=True, metavar="VERB")
+    page(leaf(verbs, "list", commands.dead_list, "dead jobs, newest first"))
+    sub = leaf(verbs, "retry", commands.dead_retry, "back to the queue, attempts reset")
+    which = sub.add_mutually_exclusive_group(required=True)
+    which.add_argument("id", type=positive, nargs="?")
+    which.add_argument("--all", action="store_true", help="every dead job")
+    sub = leaf(verbs, "discard", commands.dead_discard, "delete a dead job for good")
+    sub.add_argument("id", type=positive)
+
+    queues = first.add_parser("queues", help="queues: list, pause, resume")
+    verbs = queues.add_subparsers(dest="verb", required=True, metavar="VERB")
+    leaf(verbs, "list", commands.queues_list, "depth, running, limits, paused")
+    for name, help in (("pause", "no worker claims its jobs"), ("resume", "claim them again")):
+        leaf(verbs, name, commands.queues_pause, help).add_argument("name")
+
+    schedules = first.add_parser("schedules", help="recurring schedules: list")
+    verbs = schedules.add_subparsers(dest="verb", required=True, metavar="VERB")
+    leaf(verbs, "list", commands.schedules_list, "every schedule, all its columns")
+
+    sub = leaf(first, "prune", commands.prune, "drop finished jobs past the retention now")
+    sub.add_argument(
+        "--retention-s", type=float, metavar="S", help="seconds (default: JOBQ_RETENTION_S)"
+    )
+    leaf(first, "stats", commands.stats, "counts per job type; vacuum figures")
+    return top
+
+
+def positive(value: str) -> int:
+    """An argument that is a whole number >= 1. Raises: `argparse.ArgumentTypeError`."""
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number >= 1")
+    return int(value)
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse a command; on a usage error print the usage line and the error, and exit 2."""
+    args = parser().parse_args(argv)
+    if args.command == "enqueue":
+        try:
+            args.job = commands.job_of(args)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            args.command_parser.error(f"{'.'.join(map(str, error['loc']))}: {error['msg']}")
+        except ValueError as exc:  # not JSON, a naive or malformed --at
+            args.command_parser.error(str(exc))
+    return args
+
+
+async def run(args: argparse.Namespace, settings: Settings) -> int:
+    """Run the parsed command on the settings' database and return its exit code."""
+    try:
+        dsn = await embedded.resolve_dsn(settings)
+        database = await Database.open(settings, dsn)
+    except (OSError, asyncpg.PostgresError) as exc:
+        print(f"jobq: cannot reach the database ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return FAILED
+    db.bind(database)
+    try:
+        code: int = await args.run(args, settings)
+        return code
+    except NotFound as exc:
+        return fail(exc, NOT_FOUND)
+    except (Conflict, DuplicateJob) as exc:
+        return fail(exc, CONFLICT)
+    except JobqError as exc:
+        return fail(exc, FAILED)
+    except asyncpg.UndefinedTableError as exc:
+        print(f"jobq: {exc} (python -m jobq migrate applies the migrations)", file=sys.stderr)
+        return FAILED
+    except (OSError, asyncpg.PostgresError) as exc:
+        print(f"jobq: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return FAILED
+    finally:
+        await database.close()
+
+
+def fail(exc: JobqError, code: int) -> int:
+    """Print `exc` (its message, then its data) to stderr; return `code`."""
+    data = ", ".join(f"{k}={v}" for k, v in exc.data.items())
+    print(f"jobq: {exc.message}" + (f" ({data})" if data else ""), file=sys.stderr)
+    return code
