@@ -10,7 +10,6 @@ import signal
 import pytest
 
 from jobq.db import Connection
-from tests.proc_schedule_handlers import SCHEDULES
 from tests.test_processes import WORKER_ENV, executions
 from tests.toolkit.procs import Procs, eventually, registered
 
@@ -19,6 +18,9 @@ __all__ = ["executions"]  # the fixture of the process tests
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 ENV = {**WORKER_ENV, "JOBQ_JOB_MODULES": "tests.proc_schedule_handlers"}
+SCHEDULES = 5
+"""As many as `tests/proc_schedule_handlers.py` declares (not imported here: importing it would
+register its handler and schedules in this process's registry)."""
 
 
 async def test_workers_started_together_make_one_job_per_occurrence(
