@@ -153,7 +153,10 @@ class Acker:
             elif outcome.token in recorded:
                 self.counts[outcome.verdict.counted] += 1
                 if outcome.verdict is Verdict.BURY:
-                    log.error("job %s (%s) is dead: %s", job.id, job.job_type, outcome.error)
+                    fields = {"job_id": job.id, "queue": job.queue, "job_type": job.job_type}
+                    log.error(
+                        "job %s (%s) is dead: %s", job.id, job.job_type, outcome.error, extra=fields
+                    )
             else:
                 self.counts["rejected"] += 1
                 log.warning(

@@ -24,6 +24,7 @@ from pydantic_core import to_jsonable_python
 from jobq import clock
 from jobq.config import Settings
 from jobq.errors import DontRetry, Snooze
+from jobq.logs import bind_job
 from jobq.queue.acker import Acker
 from jobq.queue.backoff import Backoff
 from jobq.queue.model import ClaimedJob, JobContext, Outcome, Verdict
@@ -217,6 +218,7 @@ class Executor:
             state=self.state,
             loop=self._loop,
         )
+        bind_job(context)  # its log lines carry the job (the attempt's task has its own Context)
         task = asyncio.current_task()
         assert task is not None
         self._attempts[job.id] = (task, context)
