@@ -1,8 +1,12 @@
-"""Reminders: a message for a user at a time, delivered by a `send_reminder` job.
+"""Reminders: a message for a user at a time, delivered by a `send_reminder` job; or, with a
+recurrence (an RFC 5545 RRULE in an IANA time zone), at each of its occurrences, by a schedule
+of its own (`jobq.queue.schedule`, named `reminder:<id>`).
 
-A reminder's status is derived, never copied: `sent` once `sent_at` is set, `failed` while its
-job is in the dead letter (or after it was discarded from there), `scheduled` otherwise (queued
-or running).
+A reminder's status is derived, never copied. One-off: `sent` once `sent_at` is set, `failed`
+while its job is in the dead letter (or after it was discarded from there), `scheduled`
+otherwise (queued or running). Recurring: `active`, `paused`, or `ended` (no occurrence to
+come).
+(`jobq.domain.recurring` says why an RRULE.)
 """
 
 from __future__ import annotations
@@ -10,16 +14,17 @@ from __future__ import annotations
 import contextlib
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Self
+from typing import Any, Self
 from urllib.parse import urlsplit
 
 from pydantic import AwareDatetime, BaseModel, Field, model_validator
 
 from jobq import clock, db
+from jobq.domain.recurring import Recurrence
 from jobq.domain.types import NOT_BLANK, REQUEST, Text
 from jobq.domain.users import require_user
 from jobq.errors import Conflict, LimitReached, NotFound
-from jobq.queue import Job, control, enqueue
+from jobq.queue import Job, control, enqueue, schedule
 
 SEND_REMINDER = "send_reminder"
 QUEUE = "reminders"
@@ -50,17 +55,24 @@ class NewReminder(BaseModel):
     remind_in_seconds: float | None = Field(
         default=None, gt=0, le=MAX_AHEAD.total_seconds(), allow_inf_nan=False
     )
+    recurrence: Recurrence | None = None
 
     @model_validator(mode="after")
     def _one_time(self) -> Self:
         if (self.remind_at is None) == (self.remind_in_seconds is None):
             raise ValueError("give exactly one of remind_at or remind_in_seconds")
+        now = clock.now()
         if self.remind_at is not None:
-            now = clock.now()
             if self.remind_at <= now:
                 raise ValueError("remind_at must be in the future")
             if self.remind_at > now + MAX_AHEAD:
                 raise ValueError("remind_at must be within ten years")
+        if self.recurrence is not None:
+            start = self.due_at(now)
+            if self.recurrence.until is not None and self.recurrence.until <= start:
+                raise ValueError("recurrence.until must be after the reminder's first time")
+            if not self.recurrence.occurrences(start, start - timedelta(microseconds=1), 1):
+                raise ValueError("the recurrence has no occurrence")
         return self
 
     def due_at(self, now: datetime) -> datetime:
@@ -73,11 +85,15 @@ class NewReminder(BaseModel):
 
 class ReminderStatus(StrEnum):
     """Where a reminder's delivery stands: `scheduled` (queued, running, or waiting for a
-    retry), `sent`, or `failed` (retries exhausted)."""
+    retry), `sent`, or `failed` (retries exhausted); a recurring one is `active`, `paused` or
+    `ended` (no occurrence to come)."""
 
     SCHEDULED = "scheduled"
     SENT = "sent"
     FAILED = "failed"
+    ACTIVE = "active"
+    PAUSED = "paused"
+    ENDED = "ended"
 
 
 class Reminder(BaseModel):
@@ -93,6 +109,12 @@ class Reminder(BaseModel):
     last_error: str | None
     job_id: int | None
     created_at: AwareDatetime
+    recurrence: Recurrence | None = None
+    next_occurrences: list[AwareDatetime] = Field(
+        default_factory=list, description="the next five (recurring, not paused)"
+    )
+    deliveries: int = Field(default=0, description="occurrences delivered (recurring)")
+    last_occurrence_at: AwareDatetime | None = None
 
 
 class Reminders(BaseModel):
@@ -103,14 +125,42 @@ class Reminders(BaseModel):
 
 _SELECT = """
 SELECT r.id, r.user_id, r.message, r.remind_at, r.job_id, r.sent_at, r.created_at,
-       CASE WHEN r.sent_at IS NOT NULL THEN 'sent'
+       CASE WHEN r.rrule IS NOT NULL THEN
+                CASE WHEN r.paused THEN 'paused' WHEN sch.next_at IS NULL THEN 'ended'
+                     ELSE 'active' END
+            WHEN r.sent_at IS NOT NULL THEN 'sent'
             -- dead, cancelled, or gone (discarded from the dead letter, pruned)
             WHEN s.state IS NULL OR s.state NOT IN ('queued', 'running') THEN 'failed'
             ELSE 'scheduled' END AS status,
        CASE WHEN r.sent_at IS NOT NULL THEN r.attempts ELSE coalesce(s.attempts, 0) END AS attempts,
-       s.last_error
+       s.last_error, r.rrule, r.tz, r.until, r.count, r.paused, r.deliveries, r.last_occurrence_at,
+       sch.next_at
 FROM reminders r LEFT JOIN job_state s ON s.id = r.job_id
+LEFT JOIN job_schedule sch ON sch.name = 'reminder:' || r.id
 """
+
+
+def schedule_name(reminder_id: int) -> str:
+    """The name of recurring reminder `reminder_id`'s schedule."""
+    return f"reminder:{reminder_id}"
+
+
+def _reminder(row: Any) -> Reminder:
+    """A row of `_SELECT` as a `Reminder`, with its next occurrences."""
+    values = dict(row)
+    recurrence = None
+    upcoming: list[datetime] = []
+    if values["rrule"] is not None:
+        rule = values["rrule"]
+        recurrence = Recurrence.model_construct(
+            rrule=rule, tz=values["tz"], until=values["until"], count=values["count"]
+        )
+        if values["next_at"] is not None and not values["paused"]:
+            after = values["next_at"] - timedelta(microseconds=1)
+            upcoming = recurrence.occurrences(values["remind_at"], after, 5)
+    return Reminder.model_validate(
+        values | {"recurrence": recurrence, "next_occurrences": upcoming}
+    )
 
 
 async def schedule_reminder(user_id: int, data: NewReminder, *, max_unsent: int) -> Reminder:
@@ -131,14 +181,33 @@ async def schedule_reminder(user_id: int, data: NewReminder, *, max_unsent: int)
     )
     if unsent >= max_unsent:
         raise LimitReached("too many reminders not yet sent: delete some or wait", limit=max_unsent)
+    recurrence = data.recurrence
     reminder_id: int = await conn.fetchval(
-        "INSERT INTO reminders (user_id, message, remind_at, created_at)"
-        " VALUES ($1, $2, $3, $4) RETURNING id",
+        "INSERT INTO reminders (user_id, message, remind_at, created_at, rrule, tz, until, count)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
         user_id,
         data.message,
         remind_at,
         now,
+        None if recurrence is None else recurrence.rrule,
+        None if recurrence is None else recurrence.tz,
+        None if recurrence is None else recurrence.until,
+        None if recurrence is None else recurrence.count,
     )
+    if recurrence is not None:
+        await schedule.save(
+            conn,
+            name=schedule_name(reminder_id),
+            job_type=SEND_REMINDER,
+            arguments={"reminder_id": reminder_id},
+            rrule=recurrence.text(),
+            tz=recurrence.tz,
+            starts_at=remind_at,
+            queue=QUEUE,
+            concurrency_key=delivery_key(user["webhook_url"]),
+            occurrence_arg="occurrence_at",
+        )
+        return await get_reminder(reminder_id, user_id)
     job = await enqueue(
         Job(
             job_type=SEND_REMINDER,
@@ -172,7 +241,7 @@ async def get_reminder(reminder_id: int, user_id: int) -> Reminder:
     )
     if row is None:
         raise NotFound("no such reminder", reminder_id=reminder_id)
-    return Reminder.model_validate(dict(row))
+    return _reminder(row)
 
 
 async def list_reminders(user_id: int) -> list[Reminder]:
@@ -181,7 +250,7 @@ async def list_reminders(user_id: int) -> list[Reminder]:
     rows = await db.conn().fetch(
         _SELECT + " WHERE r.user_id = $1 ORDER BY r.remind_at, r.id", user_id
     )
-    return [Reminder.model_validate(dict(r)) for r in rows]
+    return [_reminder(r) for r in rows]
 
 
 async def cancel_reminder(reminder_id: int, user_id: int, *, retain: bool = True) -> None:
@@ -196,14 +265,16 @@ async def cancel_reminder(reminder_id: int, user_id: int, *, retain: bool = True
     deleted = await conn.fetchrow(
         """
         WITH r AS (DELETE FROM reminders WHERE id = $1 AND user_id = $2 AND sent_at IS NULL
-                   RETURNING job_id),
+                   RETURNING job_id, rrule),
              d AS (DELETE FROM job_dead WHERE id IN (SELECT job_id FROM r))
-        SELECT job_id FROM r
+        SELECT job_id, rrule FROM r
         """,
         reminder_id,
         user_id,
     )
     if deleted is not None:
+        if deleted["rrule"] is not None:  # its future occurrences stop, those queued too
+            await schedule.drop(conn, schedule_name(reminder_id), now=clock.now())
         if deleted["job_id"] is not None:
             with contextlib.suppress(NotFound, Conflict):  # dead (deleted above), or ended
                 await control.cancel(conn, deleted["job_id"], now=clock.now(), retain=retain)
@@ -213,6 +284,25 @@ async def cancel_reminder(reminder_id: int, user_id: int, *, retain: bool = True
     ):
         raise Conflict("the reminder has been sent already", reminder_id=reminder_id)
     raise NotFound("no such reminder", reminder_id=reminder_id)
+
+
+async def pause_reminder(reminder_id: int, user_id: int, *, paused: bool) -> Reminder:
+    """Pause a recurring reminder (the occurrence queued is cancelled, none comes until it
+    resumes) or resume it (from its next occurrence after now: none missed is made up); return
+    it. Raises: `NotFound` (also when it is another user's); `Conflict` for a one-off one."""
+    conn = db.conn()
+    found = await conn.fetchrow(
+        "UPDATE reminders SET paused = $3 WHERE id = $1 AND user_id = $2 RETURNING rrule",
+        reminder_id,
+        user_id,
+        paused,
+    )
+    if found is None:
+        raise NotFound("no such reminder", reminder_id=reminder_id)
+    if found["rrule"] is None:
+        raise Conflict("only a recurring reminder can be paused", reminder_id=reminder_id)
+    await schedule.pause(conn, schedule_name(reminder_id), paused=paused, now=clock.now())
+    return await get_reminder(reminder_id, user_id)
 
 
 class Delivery(BaseModel):
@@ -225,15 +315,30 @@ class Delivery(BaseModel):
     webhook_url: str | None
 
 
-async def pending_delivery(reminder_id: int) -> Delivery | None:
-    """Return the delivery of a reminder not yet sent, or None (sent already, or deleted)."""
+async def pending_delivery(reminder_id: int, *, recurring: bool = False) -> Delivery | None:
+    """Return the delivery of a reminder not yet sent (`recurring`: of a recurring reminder, at
+    any occurrence), or None (sent already, or deleted)."""
     row = await db.conn().fetchrow(
         "SELECT r.id AS reminder_id, r.user_id, r.message, r.remind_at, u.webhook_url"
         " FROM reminders r JOIN users u ON u.id = r.user_id"
-        " WHERE r.id = $1 AND r.sent_at IS NULL",
+        " WHERE r.id = $1 AND r.sent_at IS NULL AND (r.rrule IS NOT NULL) = $2",
         reminder_id,
+        recurring,
     )
     return None if row is None else Delivery.model_validate(dict(row))
+
+
+async def mark_occurrence_sent(reminder_id: int, occurrence_at: datetime) -> bool:
+    """Count occurrence `occurrence_at` of a recurring reminder delivered, once (a job that
+    runs twice, or an older occurrence delivered late, counts no more); return whether it
+    counted."""
+    status = await db.conn().execute(
+        "UPDATE reminders SET deliveries = deliveries + 1, last_occurrence_at = $2"
+        " WHERE id = $1 AND (last_occurrence_at IS NULL OR last_occurrence_at < $2)",
+        reminder_id,
+        occurrence_at,
+    )
+    return status == "UPDATE 1"
 
 
 async def mark_sent(reminder_id: int, *, attempts: int) -> bool:

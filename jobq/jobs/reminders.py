@@ -23,9 +23,11 @@ SIGNATURE_HEADER = "X-Jobq-Signature"
 
 
 class SendReminderArgs(BaseModel):
-    """Arguments of `send_reminder`."""
+    """Arguments of `send_reminder`: the reminder, and for a recurring one the occurrence's
+    time (set by its schedule)."""
 
     reminder_id: int
+    occurrence_at: AwareDatetime | None = None
 
 
 class WebhookFailed(JobqError):
@@ -102,17 +104,22 @@ def describe_failure(url: str, exc: httpx.HTTPError) -> str:
 
 @handler(reminders.SEND_REMINDER, args=SendReminderArgs, queue=reminders.QUEUE, timeout=60)
 async def send_reminder(args: SendReminderArgs, job: JobContext) -> None:
-    """POST the reminder as JSON (`reminder_id`, `user_id`, `message`, `remind_at`, `attempt`)
-    to the user's webhook, signed (see `post_webhook`); then mark it sent (once, even if this
-    job runs twice). The answer's status decides: an answer longer than
-    `webhook_max_response_bytes` is not read further, and counts by its status alone.
+    """POST the reminder as JSON (`reminder_id`, `user_id`, `message`, `remind_at`, `attempt`;
+    for an occurrence of a recurring one also `occurrence_at`, which a receiver can deduplicate
+    on) to the user's webhook, signed (see `post_webhook`); then mark it sent, or the
+    occurrence delivered (once, even if this job runs twice). The answer's status decides: an
+    answer longer than `webhook_max_response_bytes` is not read further, and counts by its
+    status alone.
     Raises: `WebhookFailed` on a non-2xx answer (a redirect included), on network errors and
     timeouts, and on an address the SSRF guard refuses (`jobq.domain.webhooks`), saying what
     failed: the attempt fails and is retried with backoff."""
     settings: Settings = job.state["settings"]
     http: httpx.AsyncClient = job.state["http"]
+    occurrence = args.occurrence_at
     async with transaction(readonly=True):
-        delivery = await reminders.pending_delivery(args.reminder_id)
+        delivery = await reminders.pending_delivery(
+            args.reminder_id, recurring=occurrence is not None
+        )
     if delivery is None:
         return  # sent by an earlier run, or deleted
     if delivery.webhook_url is None:
@@ -120,16 +127,16 @@ async def send_reminder(args: SendReminderArgs, job: JobContext) -> None:
             "reminder %s for user %s: %s", delivery.reminder_id, delivery.user_id, delivery.message
         )
     else:
-        body = json.dumps(
-            {
-                "reminder_id": delivery.reminder_id,
-                "user_id": delivery.user_id,
-                "message": delivery.message,
-                "remind_at": utc_z(delivery.remind_at),
-                "attempt": job.attempt,
-            },
-            ensure_ascii=False,
-        ).encode()
+        fields = {
+            "reminder_id": delivery.reminder_id,
+            "user_id": delivery.user_id,
+            "message": delivery.message,
+            "remind_at": utc_z(delivery.remind_at),
+            "attempt": job.attempt,
+        }
+        if occurrence is not None:
+            fields["occurrence_at"] = utc_z(occurrence)
+        body = json.dumps(fields, ensure_ascii=False).encode()
         try:
             status, read_all = await post_webhook(
                 http, delivery.webhook_url, body, settings=settings
@@ -146,4 +153,7 @@ async def send_reminder(args: SendReminderArgs, job: JobContext) -> None:
             host = httpx.URL(delivery.webhook_url).host
             raise WebhookFailed(f"webhook at {host} answered HTTP {status}")
     async with transaction():
-        await reminders.mark_sent(args.reminder_id, attempts=job.attempt)
+        if occurrence is None:
+            await reminders.mark_sent(args.reminder_id, attempts=job.attempt)
+        else:
+            await reminders.mark_occurrence_sent(args.reminder_id, occurrence)

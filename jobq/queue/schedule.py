@@ -15,13 +15,15 @@ that job waits in the queue for its time like any scheduled job: its lateness is
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from jobq import db
 from jobq.db import Connection, Database
-from jobq.queue import sql, store
+from jobq.errors import Conflict, NotFound
+from jobq.queue import control, sql, store
 from jobq.queue.recurrence import LOOK_AHEAD, ScheduleSpec, due, recurrence_of
 
 if TYPE_CHECKING:
@@ -39,7 +41,13 @@ async def declare(conn: Connection, specs: Iterable[ScheduleSpec], *, now: datet
     for spec in ordered:
         first = recurrence_of(spec.row()).after(now)
         await sql.schedule_declare.execute(
-            conn, **spec.row(), source="code", occurrence_arg=None, next_at=first, spec=spec.text()
+            conn,
+            **spec.row(),
+            source="code",
+            occurrence_arg=None,
+            next_at=first,
+            spec=spec.text(),
+            concurrency_key=None,
         )
 
 
@@ -88,5 +96,70 @@ async def _occurrences(
         queue=row["queue"] or handlers.queue_of(job_type),
         max_retries=handlers.max_retries_of(job_type),
         now=now,
+        concurrency_key=row["concurrency_key"],
     )
     return len(rows)
+
+
+async def save(
+    conn: Connection,
+    *,
+    name: str,
+    job_type: str,
+    arguments: dict[str, Any],
+    rrule: str,
+    tz: str,
+    starts_at: datetime,
+    queue: str,
+    concurrency_key: str | None,
+    occurrence_arg: str,
+) -> datetime | None:
+    """Write a run-time schedule (source `reminder`): `job_type` with `arguments` (and
+    `occurrence_arg` set to each occurrence's time) at each occurrence of `rrule` from
+    `starts_at` in zone `tz`, one catch-up after a misfire. In the caller's transaction.
+    Return its first occurrence (None: it has none).
+    Raises: `ValueError` for an invalid RRULE or zone; `asyncpg.PostgresError`."""
+    row = {"cron": None, "every_s": None, "rrule": rrule, "tz": tz, "starts_at": starts_at}
+    first = recurrence_of(row).after(starts_at - timedelta(microseconds=1))
+    await sql.schedule_declare.execute(
+        conn,
+        name=name,
+        source="reminder",
+        job_type=job_type,
+        arguments=arguments,
+        occurrence_arg=occurrence_arg,
+        queue=queue,
+        misfire="one",
+        backfill=None,
+        next_at=first,
+        spec=f"{rrule} {tz} {starts_at.isoformat()}",
+        concurrency_key=concurrency_key,
+        **row,
+    )
+    return first
+
+
+async def pause(conn: Connection, name: str, *, paused: bool, now: datetime) -> None:
+    """Pause schedule `name` (its occurrences queued are cancelled, none is enqueued until it
+    resumes), or resume it from its first occurrence after `now` (none of those of the pause
+    is made up). In the caller's transaction. Raises: `KeyError` for an unknown schedule."""
+    row = await conn.fetchrow("SELECT * FROM job_schedule WHERE name = $1 FOR UPDATE", name)
+    if row is None:
+        raise KeyError(name)
+    next_at = None if paused else recurrence_of(row).after(now)
+    await sql.schedule_pause.execute(conn, name=name, paused=paused, next_at=next_at)
+    if paused:
+        await _cancel_pending(conn, name, now=now)
+
+
+async def drop(conn: Connection, name: str, *, now: datetime) -> None:
+    """Delete schedule `name` and cancel its occurrences queued or running (in the caller's
+    transaction)."""
+    await sql.schedule_drop.execute(conn, name=name)
+    await _cancel_pending(conn, name, now=now)
+
+
+async def _cancel_pending(conn: Connection, name: str, *, now: datetime) -> None:
+    for r in await sql.schedule_pending_jobs.fetch(conn, name=name):
+        with contextlib.suppress(NotFound, Conflict):  # it ended meanwhile
+            await control.cancel(conn, r["job_id"], now=now, retain=True)

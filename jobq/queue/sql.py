@@ -796,15 +796,16 @@ DELETE FROM job_schedule WHERE source = 'code' AND NOT (name = ANY(:names::text[
 # as it was (nothing changes, its next_at neither).
 schedule_declare = Query("""
 INSERT INTO job_schedule AS s (name, source, job_type, arguments, occurrence_arg, queue, cron,
-                              every_s, rrule, tz, starts_at, misfire, backfill, next_at, spec)
+                              every_s, rrule, tz, starts_at, misfire, backfill, next_at, spec,
+                              concurrency_key)
 VALUES (:name, :source, :job_type, :arguments::jsonb, :occurrence_arg, :queue, :cron, :every_s,
-        :rrule, :tz, :starts_at, :misfire, :backfill, :next_at, :spec)
+        :rrule, :tz, :starts_at, :misfire, :backfill, :next_at, :spec, :concurrency_key)
 ON CONFLICT (name) DO UPDATE
 SET source = EXCLUDED.source, job_type = EXCLUDED.job_type, arguments = EXCLUDED.arguments,
     occurrence_arg = EXCLUDED.occurrence_arg, queue = EXCLUDED.queue, cron = EXCLUDED.cron,
     every_s = EXCLUDED.every_s, rrule = EXCLUDED.rrule, tz = EXCLUDED.tz,
     starts_at = EXCLUDED.starts_at, misfire = EXCLUDED.misfire, backfill = EXCLUDED.backfill,
-    next_at = EXCLUDED.next_at, spec = EXCLUDED.spec
+    next_at = EXCLUDED.next_at, spec = EXCLUDED.spec, concurrency_key = EXCLUDED.concurrency_key
 WHERE s.spec IS DISTINCT FROM EXCLUDED.spec
 """)
 
@@ -831,11 +832,12 @@ WITH occurrence AS (
     ON CONFLICT (schedule, at) DO NOTHING
     RETURNING at, job_id
 )
-INSERT INTO job (id, job_type, arguments, ripe_at, max_retries, created_at, queue, unique_mode)
+INSERT INTO job (id, job_type, arguments, ripe_at, max_retries, created_at, queue, unique_mode,
+                 concurrency_key)
 SELECT o.job_id, :job_type,
        CASE WHEN :occurrence_arg::text IS NULL THEN :arguments::jsonb
             ELSE :arguments::jsonb || jsonb_build_object(:occurrence_arg::text, t.text) END,
-       o.at, :max_retries, :now, :queue, 'none'
+       o.at, :max_retries, :now, :queue, 'none', :concurrency_key
 FROM occurrence AS o
 JOIN unnest(:ats::timestamptz[], :at_texts::text[]) AS t(at, text) ON t.at = o.at
 RETURNING id
@@ -850,4 +852,20 @@ WITH gone AS (
     RETURNING 1
 )
 SELECT count(*) FROM gone
+""")
+
+# Pause (or resume, at :next_at) schedule :name; returns its name, or no row.
+schedule_pause = Query("""
+UPDATE job_schedule SET paused = :paused, next_at = coalesce(:next_at, next_at)
+WHERE name = :name RETURNING name
+""")
+
+schedule_drop = Query("DELETE FROM job_schedule WHERE name = :name")
+
+# The jobs of schedule :name's occurrences still queued or running.
+schedule_pending_jobs = Query("""
+SELECT o.job_id FROM job_occurrence AS o
+WHERE o.schedule = :name
+  AND (EXISTS (SELECT FROM job WHERE id = o.job_id)
+       OR EXISTS (SELECT FROM job_running WHERE id = o.job_id))
 """)
