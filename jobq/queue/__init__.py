@@ -1,7 +1,7 @@
 """The queue engine: enqueue, claim, run, retry with backoff, dead letter, rescue, stop."""
 
 from jobq.errors import DontRetry
-from jobq.queue.model import ClaimedJob, Enqueued, Job, JobContext
+from jobq.queue.model import ALLOW_DUPLICATES, ClaimedJob, Enqueued, Job, JobContext, Unique
 from jobq.queue.registry import (
     Handler,
     QueueSpec,
@@ -9,12 +9,14 @@ from jobq.queue.registry import (
     Registry,
     declare_queue,
     handler,
+    periodic,
     registry,
 )
 from jobq.queue.store import enqueue, enqueue_many
 from jobq.queue.worker import Worker
 
 __all__ = [
+    "ALLOW_DUPLICATES",
     "ClaimedJob",
     "DontRetry",
     "Enqueued",
@@ -24,10 +26,12 @@ __all__ = [
     "QueueSpec",
     "Rate",
     "Registry",
+    "Unique",
     "Worker",
     "declare_queue",
     "enqueue",
     "enqueue_many",
     "handler",
+    "periodic",
     "registry",
 ]
