@@ -135,8 +135,8 @@ class JobsQuery(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    queue: str | SkipJsonSchema[None] = Field(default=None, max_length=63)
-    job_type: str | SkipJsonSchema[None] = Field(default=None, max_length=100)
+    queue: str | SkipJsonSchema[None] = Field(default=None, pattern=r"^[a-z][a-z0-9_.:-]{0,62}$")
+    job_type: str | SkipJsonSchema[None] = Field(default=None, pattern=r"^[a-z][a-z0-9_.:-]{0,99}$")
     state: JobState | SkipJsonSchema[None] = None
     limit: int = Field(default=100, ge=1, le=500)
     after: Annotated[int, Field(ge=1, le=BIGINT_MAX)] | SkipJsonSchema[None] = None

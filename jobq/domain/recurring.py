@@ -44,8 +44,8 @@ class Recurrence(BaseModel):
         given = sorted({"DTSTART", "UNTIL", "COUNT"} & set(parts))
         if given:
             raise ValueError(f"{', '.join(given)} may not be in the rule: use the fields")
-        if parts.get("FREQ") == "SECONDLY":
-            raise ValueError("a reminder recurs at most once a minute (FREQ=SECONDLY)")
+        if parts.get("FREQ") == "SECONDLY" or "BYSECOND" in parts:
+            raise ValueError("a reminder recurs at most once a minute (no SECONDLY, BYSECOND)")
         Rule(text, UTC_ZONE, datetime(2026, 1, 1, tzinfo=UTC))  # the parser's reason, if any
         return text
 

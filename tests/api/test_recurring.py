@@ -140,6 +140,7 @@ async def test_pause_resume_and_delete(
     [
         ({"rrule": "FREQ=SOMETIMES"}, ("recurrence", "rrule"), "invalid RRULE"),
         ({"rrule": "FREQ=SECONDLY"}, ("recurrence", "rrule"), "once a minute"),
+        ({"rrule": "FREQ=MINUTELY;BYSECOND=0,30"}, ("recurrence", "rrule"), "once a minute"),
         ({"rrule": "FREQ=DAILY;COUNT=3"}, ("recurrence", "rrule"), "COUNT"),
         ({"rrule": "FREQ=DAILY", "tz": "Mars/Olympus"}, ("recurrence", "tz"), "time zone"),
         (
@@ -150,7 +151,16 @@ async def test_pause_resume_and_delete(
         ({"rrule": "FREQ=DAILY", "until": "2026-03-20T12:00:00Z"}, (), "until must be after"),
         ({"rrule": "FREQ=DAILY", "count": 0}, ("recurrence", "count"), "greater than"),
     ],
-    ids=["syntax", "secondly", "count-inside", "zone", "both-ends", "until-before", "count-0"],
+    ids=[
+        "syntax",
+        "secondly",
+        "bysecond",
+        "count-inside",
+        "zone",
+        "both-ends",
+        "until-before",
+        "count-0",
+    ],
 )
 async def test_a_bad_recurrence_is_422_naming_the_field_and_writes_nothing(
     client: Client, conn: Connection, recurrence: dict[str, Any], loc: tuple[str, ...], reason: str
