@@ -218,7 +218,8 @@ class Provider(OpenAPIProvider):
                     "name": "Accept",
                     "in": "header",
                     "required": False,
-                    "description": "`text/calendar` for the file; JSON otherwise",
-                    "schema": {"type": "string", "enum": ["application/json", "text/calendar"]},
+                    # any media range is valid: `text/calendar` preferred means the file
+                    "description": "`text/calendar` for the file; JSON otherwise (any other value)",
+                    "schema": {"type": "string"},
                 }
             )
