@@ -34,7 +34,6 @@ except ImportError:  # the `otel` extra is not installed
 else:
     INSTALLED = True
     _propagator = TraceContextTextMapPropagator()
-    _tracer = trace.get_tracer("jobq")
 
 SPAN_NAME = "jobq.job {job_type}"
 """The name of a job attempt's span."""
@@ -88,7 +87,7 @@ def job_span(
         yield None
         return
     parent = _propagator.extract({"traceparent": traceparent}) if traceparent else None
-    with _tracer.start_as_current_span(
+    with trace.get_tracer("jobq").start_as_current_span(
         SPAN_NAME.format(job_type=job_type),
         context=parent,
         kind=trace.SpanKind.CONSUMER,

@@ -16,16 +16,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from itertools import accumulate
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
-from quart import Blueprint, Response, current_app
+from quart import Blueprint, Response, current_app, request
 from quart_schema import hide
 
 from jobq import clock, db
@@ -154,10 +154,11 @@ class ReadingCollector(Collector):
 @admin_only
 @read_transaction
 async def scrape() -> Response:
-    """The metrics in the Prometheus text exposition format (version 0.0.4)."""
+    """The metrics in the Prometheus text format (0.0.4), or OpenMetrics when the scraper's
+    `Accept` asks for it (prometheus-client's negotiation)."""
     settings: Settings = current_app.extensions["jobq.settings"]
     reading = await metrics.read(
         db.conn(), now=clock.now(), heartbeat_grace=settings.heartbeat_grace
     )
-    body = generate_latest(ReadingCollector(reading))
-    return Response(body, status=200, content_type=CONTENT_TYPE_LATEST)
+    encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+    return Response(encode(ReadingCollector(reading)), status=200, content_type=content_type)
