@@ -1,8 +1,8 @@
 """Tracing (the `otel` extra, installed by `dev`): the request that enqueues a reminder, the
 handler's span that delivers it (a child, in the same trace, with the job's attributes), and the
 webhook call (a client span of the httpx instrumentation, its `traceparent` sent to the
-receiver). Spans go to the SDK's in-memory exporter; without a tracer provider nothing is
-stored with the jobs."""
+receiver); no span holds the user's key or the webhook secret. Spans go to the SDK's in-memory
+exporter; without a tracer provider nothing is stored with the jobs."""
 
 from __future__ import annotations
 
@@ -52,7 +52,11 @@ def one(spans: list[ReadableSpan], what: str) -> ReadableSpan:
 
 
 async def test_the_handler_span_is_a_child_of_the_enqueuing_request(
-    spans: InMemorySpanExporter, client: Client, receiver: WebhookReceiver, conn: Connection
+    spans: InMemorySpanExporter,
+    client: Client,
+    receiver: WebhookReceiver,
+    conn: Connection,
+    settings: Settings,
 ) -> None:
     assert tracing.active()
     user = await create_user(client, webhook_url=receiver.url)
@@ -91,6 +95,11 @@ async def test_the_handler_span_is_a_child_of_the_enqueuing_request(
     assert call.context is not None
     assert call.parent.span_id == handler.context.span_id
     assert call.context.trace_id == request.context.trace_id
+    secrets = (user["api_key"], settings.webhook_secret.get_secret_value())
+    for span in finished:
+        values = " ".join(map(str, (span.attributes or {}).values()))
+        assert not any(secret in values for secret in secrets), span.name
+
     traceparent = receiver.requests[0].headers["traceparent"]
     assert traceparent.split("-")[1:3] == [
         f"{call.context.trace_id:032x}",

@@ -74,7 +74,7 @@ async def test_flushes_of_several_processes_add_up_and_an_idle_one_writes_nothin
     assert row["bounds"] == list(BOUNDS)
     assert sum(row["buckets"]) == 2
     assert row["buckets"][BOUNDS.index(0.005)] == 1
-    assert row["buckets"][BOUNDS.index(10.0)] == 1
+    assert row["buckets"][BOUNDS.index(30.0)] == 1
     assert row["sum"] == pytest.approx(7.003)
 
     before = await conn.fetchval("SELECT xmin::text FROM job_counter LIMIT 1")
