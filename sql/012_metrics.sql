@@ -32,13 +32,15 @@ CREATE TABLE job_histogram (
 -- The queue depths, counted every few seconds by one process (the scrape reads them instead
 -- of counting a big table): per queue, ripe and scheduled jobs, and the ripe ones that the
 -- queue's concurrency limits hold back (its max_running, or their key's max_running_per_key,
--- reached), as of `taken_at`.
+-- reached), as of `taken_at`; `took_s`: how long the count took (the next waits 20 times as
+-- long at least).
 CREATE TABLE job_depth (
     queue     text        PRIMARY KEY,
     ripe      bigint      NOT NULL,
     scheduled bigint      NOT NULL,
     held      bigint      NOT NULL,
-    taken_at  timestamptz NOT NULL
+    taken_at  timestamptz NOT NULL,
+    took_s    float8      NOT NULL DEFAULT 0
 );
 
 -- The W3C trace context (`traceparent`) of the span that enqueued a job, written by the

@@ -12,13 +12,14 @@ survive restarts: the database adds, and a scrape of any web process reads the s
 
 The queue depths need counting a big table, so they are not counted at scrape time: the
 `depth_snapshot` service of every worker offers every few seconds, and the one that wins a
-transaction-level advisory lock (while the last snapshot is stale) counts into `job_depth`.
+transaction-level advisory lock (while the last snapshot is stale) counts into `job_depth`;
+a count that took long makes the next one wait 20 times as long (5% of a core at most).
 """
 
 from __future__ import annotations
 
 import bisect
-import logging
+import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -35,8 +36,6 @@ if TYPE_CHECKING:
 
 # `jobq.queue.store` counts its enqueues here, and `maintenance` imports `store`: this module
 # imports them where it uses them.
-
-log = logging.getLogger("jobq.metrics")
 
 EVENTS = ("enqueued", "started", "succeeded", "retried", "failed", "cancelled", "snoozed")
 """The events counted per queue and job type (`job_counter.event`)."""
@@ -208,14 +207,18 @@ async def take_depth_snapshot(
     database: Database, *, now: datetime, interval: timedelta, retention: timedelta
 ) -> int:
     """Count the queue depths into `job_depth` (`sql.job_depth_take`) if this process wins the
-    metrics lock and the last snapshot is older than half an `interval`; then forget the trace
-    contexts (`job_trace`) older than `retention` (and a day), 5,000 at a time. Return how many
-    queues were counted (0: another process did, or will). Raises: `asyncpg.PostgresError`."""
+    metrics lock and the last snapshot is older than half an `interval` and than 20 times the
+    time its count took; then forget the trace contexts (`job_trace`) older than `retention`
+    (and a day), 5,000 at a time. Return how many queues were counted (0: another process did,
+    or will). Raises: `asyncpg.PostgresError`."""
     async with database.pool.acquire() as conn:
         async with conn.transaction():
-            if not await sql.job_depth_elect.fetchval(conn, fresh_after=now - interval / 2):
+            if not await sql.job_depth_elect.fetchval(conn, now=now, fresh_for=interval / 2):
                 return 0
+            started = time.perf_counter()
             status = await sql.job_depth_take.execute(conn, now=now)
+            took_s = time.perf_counter() - started
+            await sql.job_depth_took.execute(conn, took_s=took_s, now=now)
         cutoff = now - max(retention, timedelta(days=1))
         while await sql.job_trace_prune.fetchval(conn, cutoff=cutoff, batch=5000) == 5000:
             pass
