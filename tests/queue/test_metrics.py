@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
+from freezegun import freeze_time
 from pydantic import BaseModel
 
 from jobq import clock, db
@@ -131,6 +132,22 @@ async def test_the_worker_counts_starts_and_recorded_outcomes(
     assert sum(lag.buckets) == 3
     run_time = metrics.tally.histograms[("default", "bad", "run_time")]
     assert sum(run_time.buckets) == 2
+
+
+async def test_a_schedules_occurrences_count_as_enqueued(
+    database: Database, make_worker: MakeWorker
+) -> None:
+    handlers = Registry()
+
+    @handlers.periodic(every=timedelta(seconds=4))
+    @handlers.handler("tick", args=Args)
+    async def tick(args: Args, job: JobContext) -> None:
+        pass
+
+    with freeze_time(datetime(2030, 6, 1, 12, 0, tzinfo=UTC), real_asyncio=True):
+        worker = await make_worker(handlers)
+        assert await worker.enqueue_scheduled() == 2  # at 12:00:04 and :08, within 10 s
+    assert metrics.tally.counts[("default", "tick", "enqueued")] == 2
 
 
 async def test_a_cancel_counts_once_it_commits(database: Database, conn: Connection) -> None:
