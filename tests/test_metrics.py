@@ -207,3 +207,21 @@ async def test_counts_of_two_worker_processes_sum(
     completed = [worker.final_counts().get("completed", 0) for worker in workers]
     assert sum(completed) == num_jobs
     assert all(completed), f"each worker ran some: {completed}"
+
+
+async def test_a_graceful_stop_flushes_what_is_left(
+    procs: Procs, database: Database, conn: Connection
+) -> None:
+    """A worker that would flush only every hour: its counts reach the database when it stops
+    (SIGTERM)."""
+    worker = await procs.worker(conn, "worker", {**ENV, "JOBQ_METRICS_FLUSH_INTERVAL_S": "3600"})
+    await enqueue_many(Job(job_type=OK, arguments={"n": n}, queue=WIDE) for n in range(3))
+
+    async def finished() -> bool:
+        return await conn.fetchval("SELECT count(*) FROM job_done") == 3
+
+    await eventually(finished, within=WAIT_S, what="the jobs to finish", running=(worker,))
+    assert await conn.fetchval("SELECT count(*) FROM job_counter") == 0
+    assert await worker.stop() == 0
+    rows = await conn.fetch("SELECT event, count FROM job_counter WHERE job_type = $1", OK)
+    assert {r["event"]: r["count"] for r in rows} == {"started": 3, "succeeded": 3}
