@@ -218,7 +218,8 @@ async def test_a_graceful_stop_flushes_what_is_left(
     await enqueue_many(Job(job_type=OK, arguments={"n": n}, queue=WIDE) for n in range(3))
 
     async def finished() -> bool:
-        return await conn.fetchval("SELECT count(*) FROM job_done") == 3
+        done: int = await conn.fetchval("SELECT count(*) FROM job_done")
+        return done == 3
 
     await eventually(finished, within=WAIT_S, what="the jobs to finish", running=(worker,))
     assert await conn.fetchval("SELECT count(*) FROM job_counter") == 0
