@@ -34,6 +34,7 @@ except ImportError:  # the `otel` extra is not installed
 else:
     INSTALLED = True
     _propagator = TraceContextTextMapPropagator()
+    _UNSET = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 
 SPAN_NAME = "jobq.job {job_type}"
 """The name of a job attempt's span."""
@@ -43,8 +44,7 @@ def active() -> bool:
     """Whether spans are recorded: the extra is installed and a tracer provider is set."""
     if not INSTALLED:
         return False
-    provider = trace.get_tracer_provider()
-    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+    return not isinstance(trace.get_tracer_provider(), _UNSET)
 
 
 def current_traceparent() -> str | None:
@@ -81,11 +81,8 @@ def job_span(
 ) -> Iterator[Any]:
     """Run the block (one attempt of a job) in a span named `jobq.job <job_type>`, the child of
     the span that enqueued the job (`traceparent`; None: a root span), with the attributes
-    `jobq.job.id`, `jobq.job.queue`, `jobq.job.type` and `jobq.job.attempt`; yield the span
-    (None when not tracing: then it costs one function call)."""
-    if not active():
-        yield None
-        return
+    `jobq.job.id`, `jobq.job.queue`, `jobq.job.type` and `jobq.job.attempt`; yield the span.
+    Call it only while `active()` (the worker asks once per claim)."""
     parent = _propagator.extract({"traceparent": traceparent}) if traceparent else None
     with trace.get_tracer("jobq").start_as_current_span(
         SPAN_NAME.format(job_type=job_type),

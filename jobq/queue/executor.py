@@ -7,6 +7,7 @@ token.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import json
 import logging
@@ -166,22 +167,30 @@ class Executor:
         if task in self._in_handler or (spec is not None and spec.is_async):
             task.cancel()
 
-    async def execute(self, job: ClaimedJob, traceparent: str | None = None) -> None:
+    async def execute(
+        self, job: ClaimedJob, *, traced: bool = False, traceparent: str | None = None
+    ) -> None:
         """Run one attempt of a claimed job and hand its outcome to the acker.
 
         Cancelled (by `Worker.abort`, while an async handler runs or a sync one waits for a
         thread, or by `cancel`): the job is released, ripe now, with no attempt charged (a
-        cancelled job ends `cancelled`). The attempt's run time goes to the metrics; while
-        tracing, it runs in a span, the child of the enqueuing one (`traceparent`).
+        cancelled job ends `cancelled`). The attempt's run time goes to the metrics; when
+        `traced` (`jobq.tracing.active()`), it runs in a span, the child of the enqueuing one
+        (`traceparent`).
         """
         started = time.monotonic()
-        with tracing.job_span(
-            job_id=job.id,
-            queue=job.queue,
-            job_type=job.job_type,
-            attempt=job.attempts + 1,
-            traceparent=traceparent,
-        ) as span:
+        span_of_attempt = (
+            tracing.job_span(
+                job_id=job.id,
+                queue=job.queue,
+                job_type=job.job_type,
+                attempt=job.attempts + 1,
+                traceparent=traceparent,
+            )
+            if traced
+            else contextlib.nullcontext()
+        )
+        with span_of_attempt as span:
             try:
                 verdict, error, detail = await self._attempt(job)
             except asyncio.CancelledError:

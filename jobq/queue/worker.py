@@ -349,9 +349,10 @@ class Worker:
             self._recheck = bool(free) and any(job.queue in self._limited for job, _ in batch)
             if free:
                 self._claimed_up_to = now
-            traces = await self._traces(jobs) if jobs and tracing.active() else {}
+            traced = bool(jobs) and tracing.active()
+            traces = await self._traces(jobs) if traced else {}
             for job in jobs:
-                self._start(job, traces.get(job.id))
+                self._start(job, traced, traces.get(job.id))
             self.counts["claimed"] += len(jobs)
             metrics.count_claimed(jobs)
             return len(jobs)
@@ -426,11 +427,12 @@ class Worker:
 
     # -- running one job -------------------------------------------------------------------
 
-    def _start(self, job: ClaimedJob, traceparent: str | None = None) -> None:
+    def _start(self, job: ClaimedJob, traced: bool = False, traceparent: str | None = None) -> None:
         assert self._loop is not None
         context = contextvars.Context()  # a clean context: never a request's connection
         context.run(db.bind, self.database)
-        task = self._loop.create_task(self.executor.execute(job, traceparent), context=context)
+        attempt = self.executor.execute(job, traced=traced, traceparent=traceparent)
+        task = self._loop.create_task(attempt, context=context)
         self._tasks[task] = job
         self.slots.take(job)
         task.add_done_callback(self._on_done)

@@ -28,11 +28,22 @@ async def counters(conn: Connection) -> dict[tuple[str, str, str], int]:
     return {(r["queue"], r["job_type"], r["event"]): r["count"] for r in rows}
 
 
+def test_observations_are_folded_at_the_latest_when_there_are_many() -> None:
+    tally = Tally()
+    for _ in range(metrics.FOLD_AT + 1):
+        tally.observe("q", "t", "pickup_lag", 0.2)
+    assert len(tally.observed[("q", "t", "pickup_lag")]) == 1  # the others are buckets now
+    _, histograms = tally.take()
+    assert histograms[("q", "t", "pickup_lag")].buckets[BOUNDS.index(0.25)] == metrics.FOLD_AT + 1
+
+
 def test_an_observation_goes_to_the_first_bucket_whose_bound_it_does_not_pass() -> None:
     tally = Tally()
     for seconds in (0.001, 0.0011, -1.0, 1e9):
         tally.observe("q", "t", "run_time", seconds)
-    histogram = tally.histograms[("q", "t", "run_time")]
+    counts, histograms = tally.take()
+    assert counts == {}
+    histogram = histograms[("q", "t", "run_time")]
     assert histogram.buckets[0] == 2  # 0.001 (le is inclusive) and -1 (clamped at 0)
     assert histogram.buckets[1] == 1  # 0.0011 <= 0.0025
     assert histogram.buckets[len(BOUNDS)] == 1  # +Inf
@@ -120,7 +131,7 @@ async def test_the_worker_counts_starts_and_recorded_outcomes(
     for _ in range(3):
         await worker.run_once()
         await worker.wait_idle()
-    counts = metrics.tally.counts
+    counts, histograms = metrics.tally.take()
     assert counts[("default", "ok", "enqueued")] == 2
     assert counts[("default", "ok", "started")] == 3
     assert counts[("default", "ok", "snoozed")] == 1
@@ -128,9 +139,9 @@ async def test_the_worker_counts_starts_and_recorded_outcomes(
     assert counts[("default", "bad", "started")] == 2
     assert counts[("default", "bad", "retried")] == 1
     assert counts[("default", "bad", "failed")] == 1
-    lag = metrics.tally.histograms[("default", "ok", "pickup_lag")]
+    lag = histograms[("default", "ok", "pickup_lag")]
     assert sum(lag.buckets) == 3
-    run_time = metrics.tally.histograms[("default", "bad", "run_time")]
+    run_time = histograms[("default", "bad", "run_time")]
     assert sum(run_time.buckets) == 2
 
 
