@@ -21,8 +21,8 @@ from quart_schema import Info, QuartSchema, RequestSchemaValidationError
 from werkzeug.exceptions import HTTPException, NotFound
 from werkzeug.routing import IntegerConverter
 
-from jobq import db, jobs
-from jobq.api import admin, auth, exports, health, openapi, queues, reminders, users
+from jobq import db, jobs, tracing
+from jobq.api import admin, auth, exports, health, metrics, openapi, queues, reminders, users
 from jobq.api import jobs as jobs_api
 from jobq.config import Settings
 from jobq.db import Database
@@ -30,6 +30,7 @@ from jobq.domain.types import BIGINT_MAX
 from jobq.errors import DatabaseUnavailable, JobqError, TooManyRequests
 from jobq.migrate import prepare
 from jobq.queue import Worker
+from jobq.queue import metrics as queue_metrics
 
 log = logging.getLogger(__name__)
 
@@ -142,9 +143,11 @@ def create_app(settings: Settings | None = None) -> Quart:
         health.bp,
         admin.bp,
         queues.bp,
+        metrics.bp,
     ):
         app.register_blueprint(blueprint)
     _register_errors(app)
+    tracing.instrument_app(app)  # a span per request, with the `otel` extra
 
     @app.before_serving
     async def start() -> None:
@@ -168,6 +171,17 @@ def create_app(settings: Settings | None = None) -> Quart:
                 await task
 
             stack.push_async_callback(stop_worker)  # stopped first
+        else:  # the worker flushes the metrics of its process; here, its enqueues and cancels
+            flusher = queue_metrics.flusher(database, settings.metrics_flush_interval)
+            stop_flushing = asyncio.Event()
+            flushing = asyncio.create_task(flusher.run(stop_flushing))
+
+            async def last_flush() -> None:
+                stop_flushing.set()
+                await flushing
+                await flusher.run_once()
+
+            stack.push_async_callback(last_flush)
 
     @app.after_serving
     async def stop() -> None:

@@ -243,8 +243,19 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = Field(default="text", validation_alias=_env("LOG_FORMAT"))
     """`text` lines, or `json`: one object per line, with the job's id, queue, type, attempt and
     worker on the lines about one (`jobq.logs`)."""
+    metrics_flush_interval: Seconds = Field(
+        default=timedelta(seconds=1), validation_alias=_env("METRICS_FLUSH_INTERVAL_S")
+    )
+    """How often a process adds its job counts and timings to the database's (only when it has
+    some): the lag of `/metrics` behind the events (`jobq.queue.metrics`)."""
+    metrics_snapshot_interval: Seconds = Field(
+        default=timedelta(seconds=5), validation_alias=_env("METRICS_SNAPSHOT_INTERVAL_S")
+    )
+    """How often one worker (whichever takes the lock) counts the queue depths for `/metrics`."""
 
-    @field_validator("reminder_host_rate_period")
+    @field_validator(
+        "reminder_host_rate_period", "metrics_flush_interval", "metrics_snapshot_interval"
+    )
     @classmethod
     def _positive(cls, value: timedelta) -> timedelta:
         if value <= timedelta(0):

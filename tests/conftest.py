@@ -26,7 +26,7 @@ from jobq import db, embedded
 from jobq.app import create_app
 from jobq.config import PROJECT_ROOT, Settings
 from jobq.db import Connection, Database
-from jobq.queue import Registry, Worker
+from jobq.queue import Registry, Worker, metrics
 from tests import pgbouncer
 from tests.keyed_client import use_keyed_client
 from tests.toolkit.database import fresh_database
@@ -36,7 +36,7 @@ from tests.toolkit.receiver import WebhookReceiver
 TABLES = (
     "job, job_running, job_dead, job_done, job_attempt, job_unique, job_schedule,"
     " job_occurrence, worker, users, reminders,"
-    " exports, api_keys, job_queue, job_rate"
+    " exports, api_keys, job_queue, job_rate, job_counter, job_histogram, job_depth, job_trace"
 )
 
 
@@ -132,6 +132,7 @@ async def database(session_database: Database) -> Database:
         await conn.execute(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE")
         # the queues a test declared or paused are not the next one's
         await conn.execute("INSERT INTO job_queue (name) VALUES ('default')")  # as migrated
+    metrics.tally.take()  # the counts of earlier tests are not this one's
     db.bind(session_database)
     return session_database
 

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from jobq import tracing
 from jobq.config import Settings
 from jobq.domain import exports as export_domain
 from jobq.domain import reminders as reminder_domain
@@ -44,4 +45,5 @@ async def job_state(settings: Settings) -> AsyncIterator[dict[str, Any]]:
     import_job_modules(settings)
     declare_queues(settings)
     async with webhook_client(settings, reminders.webhook_timeout(settings)) as http:
+        tracing.instrument_client(http)  # the webhook calls are traced, with the `otel` extra
         yield {"settings": settings, "http": http}

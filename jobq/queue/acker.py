@@ -24,7 +24,7 @@ from collections.abc import Callable
 from jobq import clock
 from jobq.config import Settings
 from jobq.db import Database
-from jobq.queue import store
+from jobq.queue import metrics, store
 from jobq.queue.model import ClaimedJob, Outcome, Verdict
 
 log = logging.getLogger("jobq.worker")
@@ -33,7 +33,8 @@ log = logging.getLogger("jobq.worker")
 class Acker:
     """Records the outcomes of one worker's jobs in batches.
 
-    `counts` (shared with the worker) gains, per outcome, its `Verdict.counted` name when recorded,
+    `counts` (shared with the worker) gains, per outcome, its `Verdict.counted` name when recorded
+    (and the metrics its event: `jobq.queue.metrics.count_recorded`),
     `rejected` when its token was stale (the job had been rescued), or `lost_acks` when the
     database could not be reached within one lease. `on_settled(token)` is called for each
     outcome once it is settled, whichever way.
@@ -152,6 +153,7 @@ class Acker:
                 self.counts["lost_acks"] += 1
             elif outcome.token in recorded:
                 self.counts[outcome.verdict.counted] += 1
+                metrics.count_recorded(job, outcome)
                 if outcome.verdict is Verdict.BURY:
                     fields = {"job_id": job.id, "queue": job.queue, "job_type": job.job_type}
                     log.error(

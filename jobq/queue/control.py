@@ -27,7 +27,7 @@ from pydantic import AwareDatetime, BaseModel, Field
 from jobq import clock, db
 from jobq.db import Connection, Database, current_database
 from jobq.errors import Conflict, JobqError, NotFound
-from jobq.queue import sql, store
+from jobq.queue import metrics, sql, store
 from jobq.queue.notify import DONE_CHANNEL
 
 log = logging.getLogger("jobq.control")
@@ -146,14 +146,14 @@ async def cancel(conn: Connection, job_id: int, *, now: datetime, retain: bool) 
     `retain`). Running: it is marked, and its worker is told after the commit; it ends
     `cancelled` when its worker records any outcome (or the rescue returns it), and never runs
     again. Return `CANCELLED` or `RUNNING` (being cancelled); a cancel of a cancelled job
-    changes nothing. Raises: `NotFound`; `Conflict` when it succeeded or failed already.
+    changes nothing. The metrics count the job `cancelled` once the cancel commits.
+    Raises: `NotFound`; `Conflict` when it succeeded or failed already.
     """
     for _ in range(_LOOKS):
         row = await sql.job_cancel.fetchrow(conn, job_id=job_id, now=now, retain=retain)
-        if row["queued"]:
-            return JobState.CANCELLED
-        if row["running"]:
-            return JobState.RUNNING
+        if row["queued"] or row["running"]:
+            metrics.count_after_commit([(row["queue"], row["job_type"])], "cancelled")
+            return JobState.CANCELLED if row["queued"] else JobState.RUNNING
         job = await find(conn, job_id, now=now)
         if job is None:
             continue  # gone, or moved to job_done after the cancel's snapshot: look again

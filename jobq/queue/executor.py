@@ -7,11 +7,13 @@ token.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import json
 import logging
 import re
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -21,10 +23,11 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import to_jsonable_python
 
-from jobq import clock
+from jobq import clock, tracing
 from jobq.config import Settings
 from jobq.errors import DontRetry, Snooze
 from jobq.logs import bind_job
+from jobq.queue import metrics
 from jobq.queue.acker import Acker
 from jobq.queue.backoff import Backoff
 from jobq.queue.model import ClaimedJob, JobContext, Outcome, Verdict
@@ -164,36 +167,70 @@ class Executor:
         if task in self._in_handler or (spec is not None and spec.is_async):
             task.cancel()
 
-    async def execute(self, job: ClaimedJob) -> None:
+    async def execute(
+        self, job: ClaimedJob, *, traced: bool = False, traceparent: str | None = None
+    ) -> None:
         """Run one attempt of a claimed job and hand its outcome to the acker.
 
         Cancelled (by `Worker.abort`, while an async handler runs or a sync one waits for a
         thread, or by `cancel`): the job is released, ripe now, with no attempt charged (a
-        cancelled job ends `cancelled`).
+        cancelled job ends `cancelled`). The attempt's run time goes to the metrics; when
+        `traced` (`jobq.tracing.active()`), it runs in a span, the child of the enqueuing one
+        (`traceparent`).
         """
-        try:
-            verdict, error, detail = await self._attempt(job)
-        except asyncio.CancelledError:
-            self.acker.add(job, Outcome(job.token, Verdict.RELEASE))
-            raise
-        finally:
-            self._attempts.pop(job.id, None)
-            self._cancel_asked.discard(job.id)
+        started = time.monotonic()
+        span_of_attempt = (
+            tracing.job_span(
+                job_id=job.id,
+                queue=job.queue,
+                job_type=job.job_type,
+                attempt=job.attempts + 1,
+                traceparent=traceparent,
+            )
+            if traced
+            else contextlib.nullcontext()
+        )
+        with span_of_attempt as span:
+            try:
+                verdict, error, detail = await self._attempt(job)
+            except asyncio.CancelledError:
+                self.acker.add(job, Outcome(job.token, Verdict.RELEASE))
+                raise
+            finally:
+                attempt = self._attempts.pop(job.id, None)
+                cancelled = job.id in self._cancel_asked or (
+                    attempt is not None and attempt[1].cancelled.is_set()
+                )
+                self._cancel_asked.discard(job.id)
+            if verdict is not Verdict.COMPLETE and verdict is not Verdict.SNOOZE:
+                tracing.failed(span, error)
+        if verdict is not Verdict.RELEASE:
+            run_time = time.monotonic() - started
+            metrics.tally.observe(job.queue, job.job_type, "run_time", run_time)
         if verdict is Verdict.COMPLETE:
             assert detail is None or isinstance(detail, str)
-            outcome = Outcome(job.token, Verdict.COMPLETE, result=detail)
+            outcome = Outcome(job.token, Verdict.COMPLETE, result=detail, cancelled=cancelled)
         elif verdict is Verdict.SNOOZE:
             assert isinstance(detail, datetime)
-            outcome = Outcome(job.token, Verdict.SNOOZE, ripe_at=detail)
+            outcome = Outcome(job.token, Verdict.SNOOZE, ripe_at=detail, cancelled=cancelled)
         elif verdict is Verdict.RELEASE:
-            outcome = Outcome(job.token, Verdict.RELEASE)
+            outcome = Outcome(job.token, Verdict.RELEASE, cancelled=cancelled)
         elif verdict is Verdict.RETRY and job.attempts < job.max_retries:
             spec = self.handlers.get(job.job_type)
             backoff = spec.backoff if spec is not None and spec.backoff else self._backoff
             ripe_at = backoff.next_ripe_at(job.attempts + 1, clock.now())
-            outcome = Outcome(job.token, Verdict.RETRY, ripe_at, error, traceback=_text(detail))
+            outcome = Outcome(
+                job.token,
+                Verdict.RETRY,
+                ripe_at,
+                error,
+                traceback=_text(detail),
+                cancelled=cancelled,
+            )
         else:
-            outcome = Outcome(job.token, Verdict.BURY, error=error, traceback=_text(detail))
+            outcome = Outcome(
+                job.token, Verdict.BURY, error=error, traceback=_text(detail), cancelled=cancelled
+            )
         self.acker.add(job, outcome)
 
     async def _attempt(self, job: ClaimedJob) -> Attempt:

@@ -160,7 +160,8 @@ class Outcome:
     for a retry or a snooze the `ripe_at` to go back at (a release keeps the job's place: its
     own `ripe_at`, or now if that is later), for a retry or burial the `error` (and the
     `traceback`, when an exception was raised), for a completion the handler's `result` as
-    JSON text (None: it returned None)."""
+    JSON text (None: it returned None). `cancelled`: the worker knew the job was cancelled
+    while it ran (it ends `cancelled` whatever the verdict; the metrics count its cancel only)."""
 
     token: int
     verdict: Verdict
@@ -168,6 +169,7 @@ class Outcome:
     error: str | None = None
     result: str | None = None
     traceback: str | None = None
+    cancelled: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from jobq import db
 from jobq.db import Connection, Database
 from jobq.errors import Conflict, NotFound
-from jobq.queue import control, sql, store
+from jobq.queue import control, metrics, sql, store
 from jobq.queue.recurrence import LOOK_AHEAD, ScheduleSpec, due, recurrence_of
 
 if TYPE_CHECKING:
@@ -85,6 +85,7 @@ async def _occurrences(
 ) -> int:
     """Enqueue the occurrences `ats` of schedule `row` not enqueued before; return how many."""
     job_type = row["job_type"]
+    queue = row["queue"] or handlers.queue_of(job_type)
     rows = await sql.schedule_enqueue.fetch(
         conn,
         name=row["name"],
@@ -93,11 +94,12 @@ async def _occurrences(
         job_type=job_type,
         arguments=row["arguments"],
         occurrence_arg=row["occurrence_arg"],
-        queue=row["queue"] or handlers.queue_of(job_type),
+        queue=queue,
         max_retries=handlers.max_retries_of(job_type),
         now=now,
         concurrency_key=row["concurrency_key"],
     )
+    metrics.count_after_commit([(queue, job_type)] * len(rows), "enqueued")
     return len(rows)
 
 

@@ -135,14 +135,14 @@ WITH u AS (
                      concurrency_key, unique_mode, unique_key)
     SELECT t, a::jsonb, r, p, m, :now, q, k, um, uk FROM u
     ON CONFLICT (md5) DO NOTHING
-    RETURNING id
+    RETURNING id, queue, job_type
 ), hastened AS (
     UPDATE job SET ripe_at = u.r
     FROM u
     WHERE u.h AND u.um = 'queued' AND job.md5 = md5(u.t || coalesce('#' || u.uk, u.a::jsonb::text))
       AND job.ripe_at > u.r
 )
-SELECT id FROM queued
+SELECT id, queue, job_type FROM queued
 """)
 
 _DEAD_COLUMNS = (
@@ -663,7 +663,8 @@ ORDER BY q.name
 
 # A queued (or scheduled) job leaves the queue now and ends `cancelled`; a running one is marked
 # (`cancelled_at`) and its worker told (NOTIFY jobq_cancel). Returns how many of each: none
-# when the job is elsewhere (or moved after this statement's snapshot: the caller looks again).
+# when the job is elsewhere (or moved after this statement's snapshot: the caller looks again),
+# with the queue and job type of the job cancelled (for the metrics).
 job_cancel = Query(f"""
 WITH queued AS (
     DELETE FROM job WHERE id = :job_id
@@ -671,10 +672,14 @@ WITH queued AS (
 ), {_into_done("cancelled", "queued", state="'cancelled'", attempts="s.attempts")},
 running AS (
     UPDATE job_running SET cancelled_at = :now WHERE id = :job_id AND cancelled_at IS NULL
-    RETURNING id
+    RETURNING id, job_type, queue
+), cancelled_job AS (
+    SELECT job_type, queue FROM queued UNION ALL SELECT job_type, queue FROM running
 )
 SELECT (SELECT count(*) FROM queued) AS queued,
-       (SELECT count(pg_notify('jobq_cancel', id::text)) FROM running) AS running
+       (SELECT count(pg_notify('jobq_cancel', id::text)) FROM running) AS running,
+       (SELECT queue FROM cancelled_job LIMIT 1) AS queue,
+       (SELECT job_type FROM cancelled_job LIMIT 1) AS job_type
 WHERE {NOTIFY_ENDED.format(source="queued")}
 """)
 
@@ -868,4 +873,131 @@ SELECT o.job_id FROM job_occurrence AS o
 WHERE o.schedule = :name
   AND (EXISTS (SELECT FROM job WHERE id = o.job_id)
        OR EXISTS (SELECT FROM job_running WHERE id = o.job_id))
+""")
+
+# -- metrics (`jobq.queue.metrics`) and trace contexts (`jobq.tracing`) ------------------------
+
+# Add to the cumulative counts: arrays, one item per (queue, job type, event), sorted by it (two
+# processes adding to the same rows lock them in the same order: no deadlock).
+job_counter_add = Query("""
+INSERT INTO job_counter AS c (queue, job_type, event, count)
+SELECT * FROM unnest(:queues::text[], :job_types::text[], :events::text[], :counts::bigint[])
+ORDER BY 1, 2, 3
+ON CONFLICT (queue, job_type, event) DO UPDATE SET count = c.count + EXCLUDED.count
+""")
+
+# Add one histogram's observations (:buckets, not cumulative, under :bounds) and their :sum;
+# a row of other bounds starts afresh (a counter reset, which Prometheus' rate() handles).
+job_histogram_add = Query("""
+INSERT INTO job_histogram AS h (queue, job_type, metric, bounds, buckets, sum)
+VALUES (:queue, :job_type, :metric, :bounds::float8[], :buckets::bigint[], :sum)
+ON CONFLICT (queue, job_type, metric) DO UPDATE
+SET buckets = CASE WHEN h.bounds = EXCLUDED.bounds
+                   THEN ARRAY(SELECT a + b FROM unnest(h.buckets, EXCLUDED.buckets)
+                                  WITH ORDINALITY AS u(a, b, i) ORDER BY i)
+                   ELSE EXCLUDED.buckets END,
+    sum = CASE WHEN h.bounds = EXCLUDED.bounds THEN h.sum + EXCLUDED.sum ELSE EXCLUDED.sum END,
+    bounds = EXCLUDED.bounds
+""")
+
+METRICS_LOCK = (WORKER_LOCK_CLASS, -12)
+"""The transaction-level advisory lock (classid 'jobq', objid -12: no worker's id) of the
+process that takes the depth snapshot."""
+
+# Whether this transaction takes the depth snapshot: it holds the metrics lock, and the last
+# snapshot is older than :fresh_for before :now and than 20 times the time it took (a count
+# that takes long, over a big queue, costs at most 5% of a core).
+job_depth_elect = Query(f"""
+SELECT pg_try_advisory_xact_lock({METRICS_LOCK[0]}, {METRICS_LOCK[1]})
+       AND NOT EXISTS (
+           SELECT FROM job_depth
+           WHERE taken_at > :now::timestamptz
+                            - greatest(:fresh_for::interval, took_s * interval '20 s'))
+""")
+
+# The time the snapshot taken at :now took.
+job_depth_took = Query("UPDATE job_depth SET took_s = :took_s WHERE taken_at = :now")
+
+# Count, per queue, its ripe and scheduled jobs at :now and the ripe ones its concurrency limits
+# hold back (the queue's max_running reached, or their key's max_running_per_key), into
+# job_depth. One pass over `job`: a second or so per million jobs, every few seconds, in one
+# process.
+job_depth_take = Query("""
+WITH running_queue AS (
+    SELECT queue, count(*) AS n FROM job_running GROUP BY queue
+), running_key AS (
+    SELECT queue, concurrency_key, count(*) AS n FROM job_running
+    WHERE concurrency_key IS NOT NULL GROUP BY queue, concurrency_key
+), counted AS (
+    SELECT j.queue,
+           count(*) FILTER (WHERE j.ripe_at <= :now) AS ripe,
+           count(*) FILTER (WHERE j.ripe_at > :now) AS scheduled,
+           count(*) FILTER (WHERE j.ripe_at <= :now
+                              AND (rq.n >= q.max_running OR rk.n >= q.max_running_per_key))
+               AS held
+    FROM job AS j
+    JOIN job_queue AS q ON q.name = j.queue
+    LEFT JOIN running_queue AS rq ON rq.queue = j.queue
+    LEFT JOIN running_key AS rk
+        ON rk.queue = j.queue AND rk.concurrency_key = j.concurrency_key
+    GROUP BY j.queue
+), gone AS (
+    DELETE FROM job_depth WHERE queue NOT IN (SELECT name FROM job_queue)
+)
+INSERT INTO job_depth AS d (queue, ripe, scheduled, held, taken_at)
+SELECT q.name, coalesce(c.ripe, 0), coalesce(c.scheduled, 0), coalesce(c.held, 0), :now
+FROM job_queue AS q LEFT JOIN counted AS c ON c.queue = q.name
+ON CONFLICT (queue) DO UPDATE
+SET ripe = EXCLUDED.ripe, scheduled = EXCLUDED.scheduled, held = EXCLUDED.held,
+    taken_at = EXCLUDED.taken_at
+""")
+
+metrics_counters = Query("SELECT queue, job_type, event, count FROM job_counter")
+
+metrics_histograms = Query(
+    "SELECT queue, job_type, metric, bounds, buckets, sum FROM job_histogram"
+)
+
+# Per queue: paused or not, the last depth snapshot (NULL: none yet), and the age at :now of its
+# oldest ripe job (NULL: none), one probe of job_ripe_at_idx.
+metrics_queues = Query("""
+SELECT q.name AS queue, q.paused, d.ripe, d.scheduled, d.held, d.taken_at,
+       extract(epoch FROM :now::timestamptz - (
+           SELECT min(j.ripe_at) FROM job AS j WHERE j.queue = q.name AND j.ripe_at <= :now
+       ))::float8 AS oldest_ripe_s
+FROM job_queue AS q LEFT JOIN job_depth AS d ON d.queue = q.name
+ORDER BY q.name
+""")
+
+# Running jobs per queue and job type (job_running holds only the claimed jobs: small).
+metrics_running = Query("""
+SELECT queue, job_type, count(*) AS running FROM job_running GROUP BY queue, job_type
+""")
+
+# Workers alive, as the rescue judges.
+metrics_workers_alive = Query(f"""
+WITH alive AS ({_ALIVE}
+)
+SELECT count(*) FROM worker WHERE id IN (SELECT worker_id FROM alive)
+""")
+
+# The trace context of the span that enqueued :job_ids (the jobs of one enqueue).
+job_trace_add = Query("""
+INSERT INTO job_trace (job_id, traceparent, created_at)
+SELECT unnest(:job_ids::bigint[]), :traceparent, :now
+ON CONFLICT (job_id) DO NOTHING
+""")
+
+job_trace_of = Query("""
+SELECT job_id, traceparent FROM job_trace WHERE job_id = ANY(:job_ids::bigint[])
+""")
+
+# Forget up to :batch trace contexts written before :cutoff; returns how many.
+job_trace_prune = Query("""
+WITH gone AS (
+    DELETE FROM job_trace WHERE job_id = ANY(ARRAY(
+        SELECT job_id FROM job_trace WHERE created_at < :cutoff LIMIT :batch))
+    RETURNING 1
+)
+SELECT count(*) FROM gone
 """)

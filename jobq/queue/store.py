@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from jobq import clock
+from jobq import clock, tracing
 from jobq.db import (
     Connection,
     Database,
@@ -23,7 +23,7 @@ from jobq.db import (
 )
 from jobq.db import conn as current_conn
 from jobq.errors import DuplicateJob
-from jobq.queue import sql
+from jobq.queue import metrics, sql
 from jobq.queue.model import ClaimedJob, Enqueued, Job, Outcome, Unique, Verdict
 from jobq.queue.notify import notifier
 from jobq.queue.registry import DEFAULT_QUEUE, QueueSpec, Registry, registry
@@ -97,6 +97,7 @@ async def _enqueue(conn: Connection, job: Job, handlers: Registry) -> Enqueued:
     unique = unique_of(job, handlers)
     held = unique.among in ("active", "period")
     statement = sql.job_enqueue_held if held else sql.job_enqueue
+    queue = queue_of(job, handlers)
     for _ in range(3):
         row = await statement.fetchrow(
             conn,
@@ -106,7 +107,7 @@ async def _enqueue(conn: Connection, job: Job, handlers: Registry) -> Enqueued:
             priority=job.priority,
             max_retries=max_retries_of(job, handlers),
             now=clock.now(),
-            queue=queue_of(job, handlers),
+            queue=queue,
             concurrency_key=job.concurrency_key,
             unique_mode=unique.among,
             unique_key=unique.key,
@@ -120,6 +121,8 @@ async def _enqueue(conn: Connection, job: Job, handlers: Registry) -> Enqueued:
         raise RuntimeError("enqueue did not settle after 3 tries")
     if not row["duplicate"]:
         wake_workers_after_commit()
+        metrics.count_after_commit([(queue, job.job_type)], "enqueued")
+        await tracing.remember(conn, [row["id"]], now=clock.now())
     elif unique.on_conflict == "raise":
         raise DuplicateJob(f"a twin of this {job.job_type} job exists", job_id=row["id"])
     elif unique.on_conflict == "earlier" and await _hasten(conn, row["id"], job.ripe_at):
@@ -172,6 +175,8 @@ async def enqueue_many(jobs: Iterable[Job], *, handlers: Registry = registry) ->
     )
     if rows:
         wake_workers_after_commit()
+        metrics.count_after_commit([(r["queue"], r["job_type"]) for r in rows], "enqueued")
+        await tracing.remember(conn, [r["id"] for r in rows], now=clock.now())
     return [r["id"] for r in rows]
 
 

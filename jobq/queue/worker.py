@@ -15,7 +15,8 @@ the timer at the next `ripe_at`, the poll interval (the safety net), and stop.
 How one job runs and its outcome is recorded is `jobq.queue.executor`'s part.
 
 Every background service has one shape: `run_once()` does one round and returns a count;
-`run(stop)` loops on it. Here: `run_once` (claim), `heartbeat`, `rescue`.
+`run(stop)` loops on it. Here: `run_once` (claim), `heartbeat`, `rescue`; `run` also runs the
+maintenance services, and the metrics' flush and depth snapshot (`jobq.queue.metrics`).
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ from typing import Any
 
 import asyncpg
 
-from jobq import clock, db
+from jobq import clock, db, tracing
 from jobq.config import Settings
 from jobq.db import Connection, Database
-from jobq.queue import notify, schedule, sql, store
+from jobq.queue import metrics, notify, schedule, sql, store
 from jobq.queue.acker import Acker
 from jobq.queue.executor import Executor, describe
 from jobq.queue.maintenance import Service, pruner, rescuer
@@ -196,6 +197,10 @@ class Worker:
                 self._rescuer,
                 pruner(self.database, self.settings),
                 Service("schedule", self.settings.schedule_interval, self.enqueue_scheduled),
+                metrics.flusher(self.database, self.settings.metrics_flush_interval),
+                metrics.depth_snapshot(
+                    self.database, self.settings.metrics_snapshot_interval, self.settings.retention
+                ),
             )
         ]
         watch = asyncio.create_task(self._watch(stop))
@@ -219,6 +224,7 @@ class Worker:
             for task in (*services, watch):
                 task.cancel()  # a round in flight (the database may be down) ends now
             await asyncio.gather(*services, watch, return_exceptions=True)
+            await _last_flush(self.database)
 
     async def _watch(self, stop: asyncio.Event) -> None:
         await stop.wait()
@@ -343,10 +349,23 @@ class Worker:
             self._recheck = bool(free) and any(job.queue in self._limited for job, _ in batch)
             if free:
                 self._claimed_up_to = now
+            traced = bool(jobs) and tracing.active()
+            traces = await self._traces(jobs) if traced else {}
             for job in jobs:
-                self._start(job)
+                self._start(job, traced, traces.get(job.id))
             self.counts["claimed"] += len(jobs)
+            metrics.count_claimed(jobs)
             return len(jobs)
+
+    async def _traces(self, jobs: list[ClaimedJob]) -> dict[int, str]:
+        """The trace contexts of the claimed `jobs` (`jobq.tracing.recall`); none when they
+        cannot be read (the jobs then run in spans of their own)."""
+        try:
+            async with self.database.pool.acquire() as conn:
+                return await tracing.recall(conn, [job.id for job in jobs])
+        except Exception as exc:
+            log.warning("worker %s: could not read trace contexts (%s)", self.id, describe(exc))
+            return {}
 
     @asynccontextmanager
     async def _claim_connection(self) -> AsyncIterator[Connection]:
@@ -408,11 +427,12 @@ class Worker:
 
     # -- running one job -------------------------------------------------------------------
 
-    def _start(self, job: ClaimedJob) -> None:
+    def _start(self, job: ClaimedJob, traced: bool = False, traceparent: str | None = None) -> None:
         assert self._loop is not None
         context = contextvars.Context()  # a clean context: never a request's connection
         context.run(db.bind, self.database)
-        task = self._loop.create_task(self.executor.execute(job), context=context)
+        attempt = self.executor.execute(job, traced=traced, traceparent=traceparent)
+        task = self._loop.create_task(attempt, context=context)
         self._tasks[task] = job
         self.slots.take(job)
         task.add_done_callback(self._on_done)
@@ -422,3 +442,12 @@ class Worker:
         self._wake.set()
         if not task.cancelled() and task.exception() is not None:
             log.error("job task crashed", exc_info=task.exception())
+
+
+async def _last_flush(database: Database) -> None:
+    """A graceful stop's last flush of the metrics (logged, never raised: the database may be
+    gone)."""
+    try:
+        await metrics.flush(database)
+    except Exception as exc:
+        log.warning("could not flush the metrics (%s)", describe(exc))
