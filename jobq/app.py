@@ -21,7 +21,7 @@ from quart_schema import Info, QuartSchema, RequestSchemaValidationError
 from werkzeug.exceptions import HTTPException, NotFound
 from werkzeug.routing import IntegerConverter
 
-from jobq import db, jobs
+from jobq import dashboard, db, jobs
 from jobq.api import admin, auth, exports, health, openapi, queues, reminders, users
 from jobq.api import jobs as jobs_api
 from jobq.config import Settings
@@ -142,6 +142,7 @@ def create_app(settings: Settings | None = None) -> Quart:
         health.bp,
         admin.bp,
         queues.bp,
+        dashboard.bp,
     ):
         app.register_blueprint(blueprint)
     _register_errors(app)
@@ -181,7 +182,8 @@ def create_app(settings: Settings | None = None) -> Quart:
         # Read rather than trust Content-Length: a chunked HTTP/1.1 or an HTTP/2 request has a
         # body without one.
         body = await request.get_data()
-        if request.method in JSON_TYPES and body and not request.is_json:
+        form = request.blueprint == dashboard.bp.name  # its pages post HTML forms
+        if request.method in JSON_TYPES and body and not request.is_json and not form:
             return error_body("unsupported_media_type", "send the body as application/json", 415)
         return None
 

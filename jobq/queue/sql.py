@@ -623,6 +623,24 @@ WHERE relname IN ('job', 'job_running', 'job_dead') AND schemaname = current_sch
 ORDER BY relname
 """)
 
+# On-disk size (bytes: heap, indexes and TOAST, summed over partitions) of each queue table,
+# from the catalog alone (cheap whatever their size).
+job_stats_sizes = Query("""
+SELECT t.name AS table,
+       (SELECT coalesce(sum(pg_total_relation_size(p.relid)), 0)
+        FROM pg_partition_tree(to_regclass(t.name)) AS p)::bigint AS total_bytes
+FROM unnest(ARRAY['job', 'job_running', 'job_dead', 'job_done', 'job_attempt']) AS t(name)
+WHERE to_regclass(t.name) IS NOT NULL
+ORDER BY t.name
+""")
+
+# Whether the cumulative event counters (`job_counter`, of the metrics) exist, and their sums
+# per queue and event (enqueued, started, succeeded, retried, failed, cancelled, snoozed).
+job_counter_table = Query("SELECT to_regclass('job_counter') IS NOT NULL")
+job_counter_sums = Query("""
+SELECT queue, event, sum(count)::bigint AS count FROM job_counter GROUP BY queue, event
+""")
+
 # -- queues -----------------------------------------------------------------------------------
 
 # Arrays, one item per queue (NULL: no such limit). A queue's limits as its code
@@ -786,6 +804,10 @@ SELECT count(*) FROM gone
 """)
 
 # -- schedules (`jobq.queue.schedule`) ----------------------------------------------------------
+
+# Whether job_schedule exists (a database from before schedules has none); every schedule.
+schedule_table = Query("SELECT to_regclass('job_schedule') IS NOT NULL")
+schedule_list = Query("SELECT * FROM job_schedule ORDER BY 1")
 
 # :names. Delete the code schedules not among them.
 schedule_forget_code = Query("""

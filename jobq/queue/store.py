@@ -402,3 +402,21 @@ async def vacuum_stats(conn: Connection, *, now: datetime) -> dict[str, Any]:
     oldest: float | None = await sql.job_stats_oldest_transaction.fetchval(conn, now=now)
     tables = [dict(r) for r in await sql.job_stats_tables.fetch(conn)]
     return {"oldest_transaction_s": oldest, "tables": tables}
+
+
+async def table_sizes(conn: Connection) -> dict[str, int]:
+    """Return the on-disk size in bytes (heap, indexes, TOAST; all partitions) of each queue
+    table: `job`, `job_running`, `job_dead`, `job_done`, `job_attempt` (those that exist)."""
+    return {r["table"]: r["total_bytes"] for r in await sql.job_stats_sizes.fetch(conn)}
+
+
+async def event_counts(conn: Connection) -> dict[str, dict[str, int]] | None:
+    """Return the cumulative event counts of every queue, `{queue: {event: count}}`, summed
+    over all processes from `job_counter` (written by the metrics); None when that table does
+    not exist. A rate is the change of a count between two readings over their interval."""
+    if not await sql.job_counter_table.fetchval(conn):
+        return None
+    counts: dict[str, dict[str, int]] = {}
+    for r in await sql.job_counter_sums.fetch(conn):
+        counts.setdefault(r["queue"], {})[r["event"]] = r["count"]
+    return counts
