@@ -190,13 +190,9 @@ async def overview() -> Response:
         workers = await dead.list_workers(conn, now=now, heartbeat_grace=settings.heartbeat_grace)
         schedules = await schedule.read_schedules(conn)
         vacuum = await store.vacuum_stats(conn, now=now)
-        sizes = await store.table_sizes(conn)
+        tables = await store.table_stats(conn)
     for s in schedules:
         s["occurrences"] = schedule.next_occurrences(s, NEXT_OCCURRENCES)
-    stats = {t["table"]: t for t in vacuum["tables"]}
-    tables = [
-        {"table": name, "total_bytes": size} | stats.get(name, {}) for name, size in sizes.items()
-    ]
     return await _page(
         "overview.html",
         queues=queues,

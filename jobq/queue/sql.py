@@ -623,14 +623,20 @@ WHERE relname IN ('job', 'job_running', 'job_dead') AND schemaname = current_sch
 ORDER BY relname
 """)
 
-# On-disk size (bytes: heap, indexes and TOAST, summed over partitions) of each queue table,
-# from the catalog alone (cheap whatever their size).
+# Each queue table, its partitions summed: on-disk size (bytes: heap, indexes and TOAST), live
+# and dead rows and last autovacuum (as the statistics last saw them), from the catalog and the
+# statistics alone (cheap whatever their size).
 job_stats_sizes = Query("""
 SELECT t.name AS table,
-       (SELECT coalesce(sum(pg_total_relation_size(p.relid)), 0)
-        FROM pg_partition_tree(to_regclass(t.name)) AS p)::bigint AS total_bytes
+       sum(pg_total_relation_size(p.relid))::bigint AS total_bytes,
+       sum(s.n_live_tup)::bigint AS n_live_tup,
+       sum(s.n_dead_tup)::bigint AS n_dead_tup,
+       max(s.last_autovacuum) AS last_autovacuum_at
 FROM unnest(ARRAY['job', 'job_running', 'job_dead', 'job_done', 'job_attempt']) AS t(name)
+CROSS JOIN LATERAL pg_partition_tree(to_regclass(t.name)) AS p
+LEFT JOIN pg_stat_user_tables AS s ON s.relid = p.relid
 WHERE to_regclass(t.name) IS NOT NULL
+GROUP BY t.name
 ORDER BY t.name
 """)
 

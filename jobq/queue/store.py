@@ -404,10 +404,12 @@ async def vacuum_stats(conn: Connection, *, now: datetime) -> dict[str, Any]:
     return {"oldest_transaction_s": oldest, "tables": tables}
 
 
-async def table_sizes(conn: Connection) -> dict[str, int]:
-    """Return the on-disk size in bytes (heap, indexes, TOAST; all partitions) of each queue
-    table: `job`, `job_running`, `job_dead`, `job_done`, `job_attempt` (those that exist)."""
-    return {r["table"]: r["total_bytes"] for r in await sql.job_stats_sizes.fetch(conn)}
+async def table_stats(conn: Connection) -> list[dict[str, Any]]:
+    """Return per queue table (`job`, `job_running`, `job_dead`, `job_done`, `job_attempt`;
+    those that exist), its partitions summed: `total_bytes` on disk (heap, indexes, TOAST),
+    `n_live_tup` and `n_dead_tup` (None before the statistics saw it) and
+    `last_autovacuum_at` (None if never), from the catalog and `pg_stat_user_tables`."""
+    return [dict(r) for r in await sql.job_stats_sizes.fetch(conn)]
 
 
 async def event_counts(conn: Connection) -> dict[str, dict[str, int]] | None:

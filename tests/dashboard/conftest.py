@@ -107,7 +107,9 @@ async def fill(make_worker: MakeWorker, *, num_dead: int = 3) -> dict[str, list[
     leaves (a second queue it does not serve). Return the ids by kind."""
     handlers = app_handlers()
     worker = await make_worker(handlers, queues={"mail": 4, "reports": 4})
-    report = await enqueue(Job(job_type="report.build", arguments={"month": "2026-10"}), handlers=handlers)
+    report = await enqueue(
+        Job(job_type="report.build", arguments={"month": "2026-10"}), handlers=handlers
+    )
     dead = [
         (
             await enqueue(

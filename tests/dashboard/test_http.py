@@ -93,7 +93,11 @@ async def test_the_login_never_sends_anyone_to_another_site(http: httpx.AsyncCli
 async def test_a_forged_or_foreign_session_cookie_is_no_session(http: httpx.AsyncClient) -> None:
     cookie, _ = await log_in(http)
     issued, nonce, signature = cookie.split(".")
-    for forged in (f"{issued}.{nonce}.{'0' * len(signature)}", f"{int(issued) + 1}.{nonce}.{signature}", "x"):
+    for forged in (
+        f"{issued}.{nonce}.{'0' * len(signature)}",
+        f"{int(issued) + 1}.{nonce}.{signature}",
+        "x",
+    ):
         response = await http.get("/dashboard/", headers={"Cookie": f"jobq_dashboard={forged}"})
         assert response.status_code == 303
 
@@ -160,9 +164,9 @@ async def test_a_same_site_action_with_its_csrf_token_works_and_logout_ends_the_
     assert await paused(conn)
     out = await http.post("/dashboard/logout", data={"csrf": csrf}, headers=jar)
     assert out.status_code == 303
-    assert 'jobq_dashboard=""' in out.headers["set-cookie"] or "Max-Age=0" in out.headers[
-        "set-cookie"
-    ]
+    assert (
+        'jobq_dashboard=""' in out.headers["set-cookie"] or "Max-Age=0" in out.headers["set-cookie"]
+    )
 
 
 async def test_no_secret_shows_in_a_page_or_a_log(
@@ -205,15 +209,18 @@ async def test_the_overview_shows_queues_workers_schedules_and_the_database(
     ids = await fill(make_worker)
     now = datetime.now(UTC)
     await schedule.declare(
-        conn, [ScheduleSpec(name="nightly-report", job_type="report.build", cron="0 3 * * *")], now=now
+        conn,
+        [ScheduleSpec(name="nightly-report", job_type="report.build", cron="0 3 * * *")],
+        now=now,
     )
     page = (await http.get("/dashboard/", headers=ADMIN)).text
     for text in ("mail", "reports", "imports", "4 at once", "alive", "nightly-report", "0 3 * * *"):
         assert text in page
     assert page.count("<time") >= 3  # the worker's times, the schedule's next occurrences
-    assert "job_done" in page and "dead rows" in page and "Oldest open transaction" in page
+    for text in ("job_done", "dead rows", "Oldest open transaction"):
+        assert text in page
     assert f">{len(ids['queued'])}<" in page  # the queued imports
-    assert "n/a" in page or "jobs/s" in page
+    assert "jobs/s" in page
 
 
 async def test_empty_sections_say_so(http: httpx.AsyncClient) -> None:
@@ -255,4 +262,3 @@ def test_rates_are_the_change_of_the_counts_over_the_last_minute() -> None:
         2 * 59 / (later - 102.0)
     )
     assert timedelta(seconds=RATE_WINDOW_S) == timedelta(minutes=1)
-
