@@ -10,7 +10,8 @@ target, met. Progress and the subprocesses' logs' location go to stderr.
 Workloads (what each times: `bench.queue_bench`, `bench.http_bench`, `bench.limits_bench`,
 `bench.control_bench`, `bench.schedule_bench`): throughput, pickup_latency, scheduled_lateness,
 http_reminders, enqueue_concurrent, memory, limits_overhead, queue_isolation, held_back_claim,
-retention_overhead, cancel_latency, wait_wakeup, prune_under_load, schedule_lateness.
+retention_overhead, cancel_latency, wait_wakeup, prune_under_load, schedule_lateness,
+dashboard_pages (`bench.dashboard_bench`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from bench import control_bench, http_bench, limits_bench, queue_bench, schedule_bench
+from bench import (
+    control_bench,
+    dashboard_bench,
+    http_bench,
+    limits_bench,
+    queue_bench,
+    schedule_bench,
+)
 from bench.context import Context, Figures
 from bench.harness import BENCH_DIR, bench_database, machine
 
@@ -58,6 +66,7 @@ WORKLOADS: dict[str, Spec] = {
     "wait_wakeup": Spec(control_bench.wait_wakeup),
     "prune_under_load": Spec(control_bench.prune_under_load),
     "schedule_lateness": Spec(schedule_bench.schedule_lateness, keys=("shape", "concurrency")),
+    "dashboard_pages": Spec(dashboard_bench.dashboard_pages, keys=("page",)),
 }
 
 
