@@ -15,6 +15,7 @@ import time
 from collections import deque
 from typing import Any
 
+import asyncpg
 from pydantic import ValidationError
 from quart import Blueprint, Response, current_app, g, render_template, request, url_for
 
@@ -220,55 +221,66 @@ async def pause_queue(name: str, verb: str) -> Response:
 # -- jobs -------------------------------------------------------------------------------------
 
 
+SEARCH_TIMEOUT_MS = 3000
+"""The longest a job search may take: a search for a type or queue that only a few of millions
+of finished jobs have walks `job_done` by id, and is cut off then, saying so."""
+
+
+async def _search_page(
+    status: int,
+    error: str | None,
+    query: dict[str, str],
+    found: list[control.JobView] = [],  # noqa: B006 (never mutated)
+    next_after: int | None = None,
+) -> Response:
+    return await _page(
+        "jobs.html",
+        status=status,
+        error=error,
+        query=query,
+        jobs=found,
+        next_after=next_after,
+        states=list(JobState),
+    )
+
+
 @bp.get("/jobs")
 @session.login_only
 async def jobs() -> Response:
     """The job search: by id (straight to the job), or by queue, type and state, newest first,
-    `PAGE_SIZE` at a time (`after`: the last id of the page before)."""
+    `PAGE_SIZE` at a time (`after`: the last id of the page before). 400 for a malformed
+    search; 503 when it takes longer than `SEARCH_TIMEOUT_MS` (it is cancelled)."""
     args = {k: v.strip() for k, v in request.args.items() if v.strip()}
     job_id = args.pop("id", None)
     if job_id is not None:
         if not job_id.isdigit() or int(job_id) >= 2**63:
-            return await _page(
-                "jobs.html",
-                status=400,
-                error="An id is a whole number.",
-                query={},
-                jobs=[],
-                next_after=None,
-            )
+            return await _search_page(400, "An id is a whole number.", {})
         return _back("dashboard.job", job_id=int(job_id))
     try:
         query = JobsQuery.model_validate({**args, "limit": PAGE_SIZE})
     except ValidationError as exc:
         fields = ", ".join(str(e["loc"][0]) for e in exc.errors())
-        return await _page(
-            "jobs.html",
-            status=400,
-            error=f"Not a valid search ({fields}).",
-            query=args,
-            jobs=[],
-            next_after=None,
+        return await _search_page(400, f"Not a valid search ({fields}).", args)
+    try:
+        async with db.transaction(readonly=True) as conn:
+            await conn.execute(f"SET LOCAL statement_timeout = {SEARCH_TIMEOUT_MS}")
+            found = await control.list_jobs(
+                conn,
+                now=clock.now(),
+                limit=PAGE_SIZE,
+                after=query.after,
+                queue=query.queue,
+                job_type=query.job_type,
+                state=query.state,
+            )
+    except asyncpg.QueryCanceledError:
+        error = (
+            f"The search took longer than {SEARCH_TIMEOUT_MS / 1000:g} s and was stopped:"
+            " few jobs match among many. Narrow it with a state."
         )
-    async with db.transaction(readonly=True) as conn:
-        found = await control.list_jobs(
-            conn,
-            now=clock.now(),
-            limit=PAGE_SIZE,
-            after=query.after,
-            queue=query.queue,
-            job_type=query.job_type,
-            state=query.state,
-        )
+        return await _search_page(503, error, args)
     next_after = found[-1].id if len(found) == PAGE_SIZE else None
-    return await _page(
-        "jobs.html",
-        error=None,
-        query=args,
-        jobs=found,
-        next_after=next_after,
-        states=list(JobState),
-    )
+    return await _search_page(200, None, args, found, next_after)
 
 
 @bp.get("/jobs/<int:job_id>")

@@ -717,26 +717,31 @@ SELECT (SELECT count(*) FROM queued) + (SELECT count(*) FROM running)
 def _views(where: str, tail: str = "") -> str:
     """The jobs of every table as `jobq.queue.control.JobView` rows: each table's rows that
     match `where` (SQL over the columns every table has; `{state}` stands for the table's state
-    expression), then `tail` (ORDER BY, LIMIT) per table. A queued job is `scheduled` before its
+    expression, `{states}` for the array of the states the table can hold), then `tail`
+    (ORDER BY, LIMIT) per table. A queued job is `scheduled` before its
     ripe_at (`:now`); `attempts` counts the attempts started (the one running too)."""
     queued = "CASE WHEN ripe_at > :now THEN 'scheduled' ELSE 'queued' END"
     return f"""
 (SELECT id, job_type, queue, {queued} AS state, arguments, priority, attempts, max_retries,
         last_error, created_at, ripe_at, NULL::timestamptz AS started_at,
         NULL::timestamptz AS finished_at, NULL::timestamptz AS cancelled_at, NULL::jsonb AS result
- FROM job WHERE {where.replace("{state}", queued)} {tail})
+ FROM job
+ WHERE {where.replace("{state}", queued).replace("{states}", "'{queued,scheduled}'")} {tail})
 UNION ALL
 (SELECT id, job_type, queue, 'running', arguments, priority, attempts + 1, max_retries,
         last_error, created_at, ripe_at, claimed_at, NULL, cancelled_at, NULL
- FROM job_running WHERE {where.replace("{state}", "'running'")} {tail})
+ FROM job_running
+ WHERE {where.replace("{state}", "'running'").replace("{states}", "'{running}'")} {tail})
 UNION ALL
 (SELECT id, job_type, queue, 'failed', arguments, priority, attempts, max_retries, last_error,
         created_at, NULL, NULL, died_at, NULL, NULL
- FROM job_dead WHERE {where.replace("{state}", "'failed'")} {tail})
+ FROM job_dead
+ WHERE {where.replace("{state}", "'failed'").replace("{states}", "'{failed}'")} {tail})
 UNION ALL
 (SELECT id, job_type, queue, state, arguments, NULL, attempts, NULL, last_error, created_at,
         NULL, NULL, finished_at, CASE WHEN state = 'cancelled' THEN finished_at END, result
- FROM job_done WHERE {where.replace("{state}", "state")} {tail})"""
+ FROM job_done
+ WHERE {where.replace("{state}", "state").replace("{states}", "'{succeeded,cancelled}'")} {tail})"""
 
 
 # The job wherever it is.
@@ -751,13 +756,15 @@ ORDER BY failed_at, attempt
 
 # A page of jobs, newest (highest id) first, below id :after (NULL: from the newest), of queue
 # :queue, type :job_type, state :state (each NULL: any). Each table gives its own page first,
-# through its index on id.
+# through its index on id; a table that cannot hold :state is not read at all (the condition on
+# the parameter alone is a one-time filter), so a search for failed jobs never walks job_done.
 job_list = Query(f"""
 SELECT * FROM ({
     _views(
         "id < coalesce(:after::bigint, 9223372036854775807)"
         " AND (:queue::text IS NULL OR queue = :queue)"
         " AND (:job_type::text IS NULL OR job_type = :job_type)"
+        " AND (:state::text IS NULL OR :state = ANY({states}::text[]))"
         " AND (:state::text IS NULL OR {state} = :state)",
         "ORDER BY id DESC LIMIT :limit",
     )
