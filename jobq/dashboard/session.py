@@ -24,7 +24,6 @@ import hashlib
 import hmac
 import logging
 import secrets
-import time
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar
@@ -33,6 +32,7 @@ from urllib.parse import urlsplit
 from quart import Response, current_app, g, request, url_for
 from werkzeug.exceptions import NotFound
 
+from jobq import clock
 from jobq.api.admin import Refused, authorize
 from jobq.config import Settings
 from jobq.errors import CrossSiteRefused
@@ -72,20 +72,20 @@ def token_matches(settings: Settings, given: str) -> bool:
     return hmac.compare_digest(given.strip().encode(), _key(settings))
 
 
-def new_session(settings: Settings, now_s: float | None = None) -> str:
+def new_session(settings: Settings) -> str:
     """A new session value: `<issued unix s>.<random nonce>.<HMAC of both>`."""
-    issued = f"{int(time.time() if now_s is None else now_s)}.{secrets.token_urlsafe(16)}"
+    issued = f"{int(clock.now().timestamp())}.{secrets.token_urlsafe(16)}"
     return f"{issued}.{_sign(settings, 'session', issued)}"
 
 
-def session_valid(settings: Settings, value: str | None, now_s: float | None = None) -> bool:
+def session_valid(settings: Settings, value: str | None) -> bool:
     """Whether cookie `value` is a session signed under the admin token and not expired."""
     if not value or value.count(".") != 2:
         return False
     issued, _, signature = value.rpartition(".")
     if not hmac.compare_digest(signature.encode(), _sign(settings, "session", issued).encode()):
         return False
-    age = (time.time() if now_s is None else now_s) - int(issued.partition(".")[0])
+    age = clock.now().timestamp() - int(issued.partition(".")[0])
     return 0 <= age <= SESSION_MAX_AGE.total_seconds()
 
 

@@ -10,8 +10,10 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
+from freezegun import freeze_time
 
 from jobq.config import Settings
+from jobq.dashboard.session import SESSION_MAX_AGE
 from jobq.dashboard.views import RATE_WINDOW_S, rates
 from jobq.db import Connection
 from jobq.queue import schedule
@@ -100,6 +102,15 @@ async def test_a_forged_or_foreign_session_cookie_is_no_session(http: httpx.Asyn
     ):
         response = await http.get("/dashboard/", headers={"Cookie": f"jobq_dashboard={forged}"})
         assert response.status_code == 303
+
+
+async def test_a_session_ends_after_twelve_hours(http: httpx.AsyncClient) -> None:
+    cookie, _ = await log_in(http)
+    jar = {"Cookie": f"jobq_dashboard={cookie}"}
+    with freeze_time(datetime.now(UTC) + SESSION_MAX_AGE - timedelta(minutes=1), real_asyncio=True):
+        assert (await http.get("/dashboard/", headers=jar)).status_code == 200
+    with freeze_time(datetime.now(UTC) + SESSION_MAX_AGE + timedelta(minutes=1), real_asyncio=True):
+        assert (await http.get("/dashboard/", headers=jar)).status_code == 303
 
 
 async def test_a_bearer_token_opens_the_pages_and_actions_without_csrf(
