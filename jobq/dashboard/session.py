@@ -63,6 +63,11 @@ def _key(settings: Settings) -> bytes:
     return settings.admin_token.get_secret_value().encode()
 
 
+def require_token(settings: Settings) -> None:
+    """Raise `NotFound` (404) when no admin token is configured: the dashboard is off."""
+    _key(settings)
+
+
 def _sign(settings: Settings, purpose: str, value: str) -> str:
     return hmac.new(_key(settings), f"{purpose}:{value}".encode(), hashlib.sha256).hexdigest()
 
@@ -133,7 +138,7 @@ def login_only(
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T | Response:
         settings = _settings()
-        _key(settings)  # 404 without an admin token
+        require_token(settings)
         if "Authorization" in request.headers:
             try:
                 authorize(settings, request.headers.get("Authorization"))

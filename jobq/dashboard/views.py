@@ -114,7 +114,7 @@ def _safe_next(target: str | None) -> str:
 @bp.get("/login")
 async def login() -> Response:
     """The login form (404 without an admin token)."""
-    session.token_matches(_settings(), "")  # 404 without an admin token
+    session.require_token(_settings())
     return await _page("login.html", next=_safe_next(request.args.get("next")), error=None)
 
 
@@ -123,7 +123,7 @@ async def login_post() -> Response:
     """Check the admin token from the form; set the session cookie and go on, or 401 with the
     form again."""
     settings = _settings()
-    session.token_matches(settings, "")  # 404 without an admin token
+    session.require_token(settings)
     session.check_login_origin()
     form = await request.form
     target = _safe_next(form.get("next"))
@@ -263,7 +263,9 @@ async def jobs() -> Response:
         return await _search_page(400, f"Not a valid search ({fields}).", args)
     try:
         async with db.transaction(readonly=True) as conn:
-            await conn.execute(f"SET LOCAL statement_timeout = {SEARCH_TIMEOUT_MS}")
+            await conn.execute(
+                "SELECT set_config('statement_timeout', $1, true)", str(SEARCH_TIMEOUT_MS)
+            )
             found = await control.list_jobs(
                 conn,
                 now=clock.now(),

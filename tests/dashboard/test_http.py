@@ -13,6 +13,7 @@ import pytest
 from freezegun import freeze_time
 
 from jobq.config import Settings
+from jobq.dashboard import views
 from jobq.dashboard.session import SESSION_MAX_AGE
 from jobq.dashboard.views import RATE_WINDOW_S, rates
 from jobq.db import Connection
@@ -273,3 +274,15 @@ def test_rates_are_the_change_of_the_counts_over_the_last_minute() -> None:
         2 * 59 / (later - 102.0)
     )
     assert timedelta(seconds=RATE_WINDOW_S) == timedelta(minutes=1)
+
+
+async def test_a_search_that_takes_too_long_is_stopped_and_says_so(
+    http: httpx.AsyncClient, conn: Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(views, "SEARCH_TIMEOUT_MS", 200)
+    async with conn.transaction():
+        await conn.execute("LOCK TABLE job_done IN ACCESS EXCLUSIVE MODE")  # the search waits
+        response = await http.get("/dashboard/jobs?job_type=rare", headers=ADMIN)
+    assert response.status_code == 503
+    assert "took longer than 0.2 s" in response.text
+    assert (await http.get("/dashboard/jobs?job_type=rare", headers=ADMIN)).status_code == 200
