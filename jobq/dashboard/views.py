@@ -18,6 +18,7 @@ from typing import Any
 import asyncpg
 from pydantic import ValidationError
 from quart import Blueprint, Response, current_app, g, render_template, request, url_for
+from quart_schema import hide
 
 from jobq import clock, db
 from jobq.api.admin import JobsQuery
@@ -66,6 +67,9 @@ SECURITY_HEADERS = {
 }
 
 
+hide(Blueprint.send_static_file)  # its static files are no API (as quart-schema does for the app's)
+
+
 @bp.record_once
 def _setup(state: Any) -> None:
     state.app.jinja_env.filters.update(FILTERS)
@@ -112,6 +116,7 @@ def _safe_next(target: str | None) -> str:
 
 
 @bp.get("/login")
+@hide
 async def login() -> Response:
     """The login form (404 without an admin token)."""
     session.require_token(_settings())
@@ -119,6 +124,7 @@ async def login() -> Response:
 
 
 @bp.post("/login")
+@hide
 async def login_post() -> Response:
     """Check the admin token from the form; set the session cookie and go on, or 401 with the
     form again."""
@@ -134,6 +140,7 @@ async def login_post() -> Response:
 
 
 @bp.post("/logout")
+@hide
 @session.login_only
 async def logout() -> Response:
     """End the session: the cookie is deleted."""
@@ -179,6 +186,7 @@ def _readings() -> deque[tuple[float, Counts]]:
 
 
 @bp.get("/")
+@hide
 @session.login_only
 async def overview() -> Response:
     """Queues (depth, rates, running, limits; pause and resume), workers, schedules with their
@@ -208,6 +216,7 @@ async def overview() -> Response:
 
 
 @bp.post("/queues/<name>/<any(pause, resume):verb>")
+@hide
 @session.login_only
 async def pause_queue(name: str, verb: str) -> Response:
     """Pause or resume queue `name` for every worker (`store.pause_queue`). 404: no queue."""
@@ -245,6 +254,7 @@ async def _search_page(
 
 
 @bp.get("/jobs")
+@hide
 @session.login_only
 async def jobs() -> Response:
     """The job search: by id (straight to the job), or by queue, type and state, newest first,
@@ -286,6 +296,7 @@ async def jobs() -> Response:
 
 
 @bp.get("/jobs/<int:job_id>")
+@hide
 @session.login_only
 async def job(job_id: int) -> Response:
     """One job wherever it is: its state, arguments, attempts with their errors, its result."""
@@ -297,6 +308,7 @@ async def job(job_id: int) -> Response:
 
 
 @bp.post("/jobs/<int:job_id>/<any(retry, cancel):verb>")
+@hide
 @session.login_only
 async def job_action(job_id: int, verb: str) -> Response:
     """Retry a failed job (back to the queue, attempts 0), or cancel a job; when its state
@@ -318,6 +330,7 @@ async def job_action(job_id: int, verb: str) -> Response:
 
 
 @bp.get("/dead")
+@hide
 @session.login_only
 async def dead_letter() -> Response:
     """The dead letter, newest first, `PAGE_SIZE` at a time, each job with retry and discard,
@@ -335,6 +348,7 @@ async def dead_letter() -> Response:
 
 
 @bp.post("/dead")
+@hide
 @session.login_only
 async def dead_action() -> Response:
     """Retry or discard dead jobs: one (`retry=<id>` or `discard=<id>`), or those ticked

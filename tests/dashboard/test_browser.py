@@ -124,6 +124,8 @@ async def test_every_page_loads_without_console_errors_and_screenshots_are_taken
     assert width <= 390
     await tab.goto(f"/dashboard/jobs/{ids['dead'][0]}")
     await tab.screenshot(path=SCREENSHOTS / "dashboard-job-390x844.png", full_page=True)
+    await tab.goto("/dashboard/dead")
+    await tab.screenshot(path=SCREENSHOTS / "dashboard-dead-390x844.png")
     assert console.errors == []
 
 
