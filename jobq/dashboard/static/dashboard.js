@@ -17,7 +17,7 @@
 
   function wireTickAll(root) {
     root.querySelectorAll("[data-tick-all]").forEach(function (box) {
-      box.hidden = false;
+      box.closest("label").hidden = false;
       box.addEventListener("change", function () {
         box.closest("form").querySelectorAll("input[name=id]").forEach(function (b) {
           b.checked = box.checked;
