@@ -157,8 +157,6 @@ async def test_next_ripe_at_uses_an_index(filled: Connection) -> None:
     assert not re.search(r"Seq Scan on job\b", text), text
 
 
-
-
 @pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
 async def test_a_search_by_state_reads_no_table_that_cannot_hold_it(
     filled: Connection, mode: str
