@@ -19,6 +19,15 @@ def count(value: int | float | None) -> str:
     return f"{value:,}" if isinstance(value, int) else f"{value:,.1f}"
 
 
+def depth(value: int, cap: int) -> Markup:
+    """A queue's depth counted up to `cap` + 1: `1,234`, or `> 100,000` past the cap."""
+    if value > cap:
+        return Markup('<span title="counted up to {} to keep the page fast">&gt; {}</span>').format(
+            count(cap), count(cap)
+        )
+    return escape(count(value))
+
+
 def nbytes(value: int | None) -> str:
     """A size in bytes in binary units: `8.0 KiB`, `1.5 GiB`."""
     if value is None:
@@ -79,6 +88,7 @@ def pretty(value: Any) -> Markup:
 
 FILTERS = {
     "count": count,
+    "depth": depth,
     "nbytes": nbytes,
     "span": span,
     "utc": utc,

@@ -672,12 +672,15 @@ WHERE (q.max_running, q.max_running_per_key, q.rate_max_starts, q.rate_period,
 # Returns the name, or no row for an unknown queue.
 job_queue_pause = Query("UPDATE job_queue SET paused = :paused WHERE name = :name RETURNING name")
 
-# Every queue with its state, limits and jobs (ripe, scheduled, running).
+# Every queue with its state, limits and jobs (ripe, scheduled, running). Each queued count stops
+# at :max_count (NULL: none), so that a page over millions of jobs stays cheap.
 job_queue_list = Query("""
 SELECT q.name, q.paused, q.max_running, q.max_running_per_key, q.rate_max_starts, q.rate_period,
        q.key_rate_max_starts, q.key_rate_period,
-       (SELECT count(*) FROM job WHERE job.queue = q.name AND ripe_at <= :now) AS ripe,
-       (SELECT count(*) FROM job WHERE job.queue = q.name AND ripe_at > :now) AS scheduled,
+       (SELECT count(*) FROM (SELECT FROM job WHERE job.queue = q.name AND ripe_at <= :now
+                              LIMIT :max_count::bigint) AS j) AS ripe,
+       (SELECT count(*) FROM (SELECT FROM job WHERE job.queue = q.name AND ripe_at > :now
+                              LIMIT :max_count::bigint) AS j) AS scheduled,
        (SELECT count(*) FROM job_running AS r WHERE r.queue = q.name) AS running
 FROM job_queue AS q
 ORDER BY q.name

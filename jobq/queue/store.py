@@ -382,10 +382,13 @@ async def pause_queue(conn: Connection, name: str, *, paused: bool) -> bool:
     return found
 
 
-async def list_queues(conn: Connection, *, now: datetime) -> list[dict[str, Any]]:
+async def list_queues(
+    conn: Connection, *, now: datetime, max_count: int | None = None
+) -> list[dict[str, Any]]:
     """Return every queue by name: `paused`, its limits (None: none; periods as timedelta),
-    and its jobs `ripe` and `scheduled` (queued, ripe by `now` or not) and `running`."""
-    return [dict(r) for r in await sql.job_queue_list.fetch(conn, now=now)]
+    and its jobs `ripe` and `scheduled` (queued, ripe by `now` or not; each counted up to
+    `max_count`, None: all) and `running`."""
+    return [dict(r) for r in await sql.job_queue_list.fetch(conn, now=now, max_count=max_count)]
 
 
 async def stats(conn: Connection, *, now: datetime) -> list[dict[str, Any]]:

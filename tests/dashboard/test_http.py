@@ -314,3 +314,16 @@ async def test_rates_come_from_the_job_counter_table_when_there_is_one(
     assert "n/a" not in first
     assert 'data-label="enqueued (jobs/s)">150<' in second
     assert 'data-label="succeeded (jobs/s)">3<' in second
+
+
+async def test_a_deep_queue_is_counted_up_to_a_cap(
+    http: httpx.AsyncClient, make_worker: MakeWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await fill(make_worker, num_dead=0)  # 5 queued imports
+    monkeypatch.setattr(views, "MAX_DEPTH", 3)
+    page = (await http.get("/dashboard/", headers=ADMIN)).text
+    assert 'data-label="ripe (jobs)"><span title="counted up to 3' in page
+    assert "&gt; 3</span>" in page
+    monkeypatch.setattr(views, "MAX_DEPTH", 5)
+    page = (await http.get("/dashboard/", headers=ADMIN)).text
+    assert 'data-label="ripe (jobs)">5<' in page
