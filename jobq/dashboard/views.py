@@ -210,8 +210,7 @@ async def overview() -> Response:
     return await _page(
         "overview.html",
         queues=queues,
-        counted=counts is not None,
-        rates={} if counts is None else rates(_readings(), time.monotonic(), counts),
+        rates=rates(_readings(), time.monotonic(), counts),
         workers=workers,
         schedules=schedules,
         oldest_transaction_s=vacuum["oldest_transaction_s"],

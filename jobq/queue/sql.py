@@ -640,9 +640,8 @@ GROUP BY t.name
 ORDER BY t.name
 """)
 
-# Whether the cumulative event counters (`job_counter`, of the metrics) exist, and their sums
+# The cumulative event counters (`job_counter`, of the metrics) summed per queue and event
 # per queue and event (enqueued, started, succeeded, retried, failed, cancelled, snoozed).
-job_counter_table = Query("SELECT to_regclass('job_counter') IS NOT NULL")
 job_counter_sums = Query("""
 SELECT queue, event, sum(count)::bigint AS count FROM job_counter GROUP BY queue, event
 """)

@@ -420,12 +420,10 @@ async def table_stats(conn: Connection) -> list[dict[str, Any]]:
     return [dict(r) for r in await sql.job_stats_sizes.fetch(conn)]
 
 
-async def event_counts(conn: Connection) -> dict[str, dict[str, int]] | None:
+async def event_counts(conn: Connection) -> dict[str, dict[str, int]]:
     """Return the cumulative event counts of every queue, `{queue: {event: count}}`, summed
-    over all processes from `job_counter` (written by the metrics); None when that table does
-    not exist. A rate is the change of a count between two readings over their interval."""
-    if not await sql.job_counter_table.fetchval(conn):
-        return None
+    over all processes from `job_counter` (written by `jobq.queue.metrics`). A rate is the
+    change of a count between two readings over their interval."""
     counts: dict[str, dict[str, int]] = {}
     for r in await sql.job_counter_sums.fetch(conn):
         counts.setdefault(r["queue"], {})[r["event"]] = r["count"]
