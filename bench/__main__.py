@@ -8,10 +8,11 @@ taken. One JSON object per line goes to stdout (and is appended to `.bench/resul
 target, met. Progress and the subprocesses' logs' location go to stderr.
 
 Workloads (what each times: `bench.queue_bench`, `bench.http_bench`, `bench.limits_bench`,
-`bench.control_bench`, `bench.schedule_bench`, `bench.dashboard_bench`, `bench.metrics_bench`):
-throughput, pickup_latency, scheduled_lateness, http_reminders, enqueue_concurrent, memory,
-limits_overhead, queue_isolation, held_back_claim, retention_overhead, cancel_latency,
-wait_wakeup, prune_under_load, schedule_lateness, dashboard_pages, metrics_scrape.
+`bench.control_bench`, `bench.schedule_bench`, `bench.dashboard_bench`, `bench.metrics_bench`,
+`bench.fleet_bench`): throughput, pickup_latency, scheduled_lateness, http_reminders,
+enqueue_concurrent, memory, limits_overhead, queue_isolation, held_back_claim, retention_overhead,
+cancel_latency, wait_wakeup, prune_under_load, schedule_lateness, fleet, dashboard_pages,
+metrics_scrape.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 from bench import (
     control_bench,
     dashboard_bench,
+    fleet_bench,
     http_bench,
     limits_bench,
     metrics_bench,
@@ -67,6 +69,7 @@ WORKLOADS: dict[str, Spec] = {
     "wait_wakeup": Spec(control_bench.wait_wakeup),
     "prune_under_load": Spec(control_bench.prune_under_load),
     "schedule_lateness": Spec(schedule_bench.schedule_lateness, keys=("shape", "concurrency")),
+    "fleet": Spec(fleet_bench.fleet, keys=("load",)),
     "dashboard_pages": Spec(dashboard_bench.dashboard_pages, keys=("page",)),
     "metrics_scrape": Spec(metrics_bench.metrics_scrape),  # last: it leaves 11M rows behind
 }
@@ -115,6 +118,11 @@ TARGETS = (
     Target("wait_wakeup", "p99_ms", "<=", 5),
     Target("prune_under_load", "drop_pickup_p99_ms", "<=", 3),
     Target("schedule_lateness", "p99_ms", "<=", 10, (("shape", "spread"),)),
+    Target("fleet", "commits_per_job_ratio", "<=", 1.5, (("load", "idle"),)),
+    Target("fleet", "db_cpu_per_job_ratio", "<=", 1.5, (("load", "idle"),)),
+    Target("fleet", "commits_per_job_ratio", "<=", 1.5, (("load", "busy"),)),
+    Target("fleet", "db_cpu_per_job_ratio", "<=", 1.5, (("load", "busy"),)),
+    Target("fleet", f"pickup_p99_ms_{fleet_bench.FLEET}", "<=", 5, (("load", "idle"),)),
     Target("metrics_scrape", "p99_ms", "<=", 50),
 )
 """The issue's targets (on a 2-core machine). "Flat as the queue grows" is read as: the peak

@@ -1,0 +1,235 @@
+"""The fleet's workload, `fleet`: the database's cost per job with 1 and with 50 worker
+processes, idle and busy, and the pickup latency with 50 idle workers (DESIGN.md, guarantee 15).
+
+It runs on a PostgreSQL server of its own (`tests.toolkit.postgres.PostgresInstance`:
+`max_connections` 300, fsync on), so that the CPU time counted is that server's alone. Each
+fleet size starts its workers (`python -m jobq worker`, `bench.handlers`, default settings but a
+pool of 1 to 2 connections and a 1 s drain timeout), waits until every one has registered and
+the fleet has settled (2 s: the idle workers are asleep), then measures:
+
+- `idle`: `IDLE_JOBS` `bench_noop` jobs, each enqueued in its own transaction by `enqueue`, one
+  every 20 ms (50 jobs/s) on a fixed schedule, until they have all run.
+- `busy`: `BUSY_JOBS` `bench_noop` jobs enqueued by one `enqueue_many`, drained at full speed.
+- pickup latency (on the `idle` line): `PICKUP_JOBS` `bench_stamp` jobs at 50 jobs/s, as
+  `pickup_latency` does (the handler's first wall-clock reading minus the producer's reading
+  right after its COMMIT returned), with 1 and with 50 idle workers.
+
+Cost is counted over a window from 1.5 s before the load to 1.5 s after its last outcome was
+committed (a backend publishes its statistics at most once a second, and within a second of
+going idle), so the idle fleet's own upkeep in that window (heartbeats, polls, rescues) is counted
+too: `commits` is the delta of `pg_stat_database.xact_commit` (every statement the server ran
+alone is a transaction, a SELECT too), `db_cpu` the CPU time (user + system) of the server's
+processes: the postmaster, its children alive (psutil) and those that exited (reaped: the
+postmaster's children times). `*_per_job_ratio`: the 50 workers' figure over the one worker's,
+in the same run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psutil  # type: ignore[import-untyped]
+
+from bench.context import Context, Figures
+from bench.handlers import NOOP, STAMP, TABLES_SQL
+from bench.harness import wait_drained
+from bench.loadgen import percentile
+from jobq import db
+from jobq.config import Settings
+from jobq.db import Connection, Database
+from jobq.queue import Job, enqueue, enqueue_many
+from jobq.queue.sql import WORKER_LOCK_CLASS
+from tests.toolkit.database import fresh_database
+from tests.toolkit.postgres import PostgresInstance
+from tests.toolkit.procs import eventually, spawn
+
+FLEET = 50
+RATE_PER_S = 50.0
+IDLE_JOBS = 500
+PICKUP_JOBS = 500
+BUSY_JOBS = 20_000
+SETTLE_S = 2.0
+STATS_S = 1.5
+SLOTS = 16
+WORKER_ENV = {
+    "JOBQ_LOG_LEVEL": "WARNING",
+    "JOBQ_JOB_MODULES": "bench.handlers",
+    "JOBQ_MIN_POOL_SIZE": "1",
+    "JOBQ_MAX_POOL_SIZE": "2",
+    "JOBQ_MAX_CONCURRENT_JOBS": str(SLOTS),
+    "JOBQ_DRAIN_TIMEOUT_S": "1",
+}
+
+
+def server_cpu_s(postmaster: psutil.Process) -> float:
+    """CPU seconds (user + system) of the server: the postmaster, its reaped children, and its
+    children alive now."""
+    times = postmaster.cpu_times()
+    total: float = times.user + times.system + times.children_user + times.children_system
+    for child in postmaster.children():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child_times = child.cpu_times()
+            total += child_times.user + child_times.system
+    return total
+
+
+class Meter:
+    """Reads the server's commits in the benchmark database and its CPU time."""
+
+    def __init__(self, conn: Connection, postmaster: psutil.Process) -> None:
+        self.conn = conn
+        self.postmaster = postmaster
+
+    async def read(self) -> tuple[int, float]:
+        commits: int = await self.conn.fetchval(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        )
+        return commits, server_cpu_s(self.postmaster)
+
+    @contextlib.asynccontextmanager
+    async def window(self, jobs: int, into: dict[str, float]) -> AsyncIterator[None]:
+        """Count the commits and CPU per job of what runs inside (`jobs` jobs) into `into`."""
+        await asyncio.sleep(STATS_S)
+        commits, cpu = await self.read()
+        yield
+        await asyncio.sleep(STATS_S)
+        commits_after, cpu_after = await self.read()
+        into["commits_per_job"] = (commits_after - commits) / jobs
+        into["db_cpu_ms_per_job"] = (cpu_after - cpu) * 1000 / jobs
+
+
+async def fleet(ctx: Context) -> list[Figures]:
+    """One run: 1 worker then 50, each idle, pickup and busy."""
+    instance = await asyncio.to_thread(PostgresInstance.create)
+    try:
+        await asyncio.to_thread(instance.start)
+        async with fresh_database(instance.admin_dsn, "jobq_fleet") as dsn:
+            conn = await db.connect(dsn)
+            try:
+                await conn.execute(TABLES_SQL)
+                backend = psutil.Process(await conn.fetchval("SELECT pg_backend_pid()"))
+                meter = Meter(conn, backend.parent())
+                settings = Settings(
+                    _env_file=None, database_url=dsn, min_pool_size=2, max_pool_size=2
+                )
+                database = await Database.open(settings, dsn)
+                db.bind(database)
+                try:
+                    figures = {n: await _measure(ctx, dsn, conn, meter, n) for n in (1, FLEET)}
+                finally:
+                    await database.close()
+            finally:
+                await conn.close()
+    finally:
+        await asyncio.to_thread(instance.destroy)
+    one, many = figures[1], figures[FLEET]
+    lines = []
+    for load in ("idle", "busy"):
+        line: Figures = {"load": load}
+        for figure in ("commits_per_job", "db_cpu_ms_per_job"):
+            line[f"{figure}_1"] = round(one[load][figure], 3)
+            line[f"{figure}_{FLEET}"] = round(many[load][figure], 3)
+        line["commits_per_job_ratio"] = round(
+            many[load]["commits_per_job"] / one[load]["commits_per_job"], 3
+        )
+        line["db_cpu_per_job_ratio"] = round(
+            many[load]["db_cpu_ms_per_job"] / one[load]["db_cpu_ms_per_job"], 3
+        )
+        lines.append(line)
+    lines[0].update(
+        {
+            "pickup_p50_ms_1": one["pickup"]["p50_ms"],
+            "pickup_p99_ms_1": one["pickup"]["p99_ms"],
+            f"pickup_p50_ms_{FLEET}": many["pickup"]["p50_ms"],
+            f"pickup_p99_ms_{FLEET}": many["pickup"]["p99_ms"],
+        }
+    )
+    lines[1]["jobs_per_s_1"] = round(one["busy"]["jobs_per_s"], 1)
+    lines[1][f"jobs_per_s_{FLEET}"] = round(many["busy"]["jobs_per_s"], 1)
+    return lines
+
+
+async def _measure(
+    ctx: Context, dsn: str, conn: Connection, meter: Meter, size: int
+) -> dict[str, Any]:
+    """Start `size` workers and measure them (see the module's docstring)."""
+    await _reset(conn)
+    procs = [
+        spawn(
+            "worker",
+            ctx.name(f"fleet{size}-w{k}"),
+            database_url=dsn,
+            log_dir=ctx.log_dir,
+            env=WORKER_ENV,
+        )
+        for k in range(size)
+    ]
+    out: dict[str, Any] = {"idle": {}, "busy": {}}
+    try:
+
+        async def all_registered() -> bool:
+            count = await conn.fetchval(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1"
+                " AND granted",
+                WORKER_LOCK_CLASS,
+            )
+            return bool(count == size)
+
+        # 50 interpreters starting on 2 busy cores can take a minute or two
+        await eventually(all_registered, within=300, what="the workers", running=tuple(procs))
+        await asyncio.sleep(SETTLE_S)
+        async with meter.window(IDLE_JOBS, out["idle"]):
+            await _paced(NOOP, IDLE_JOBS, ctx.run)
+            await wait_drained(conn, within_s=60)
+        out["pickup"] = await _pickup(conn, ctx.run)
+        await wait_drained(conn, within_s=60)  # the last outcomes are recorded
+        await _reset(conn, workers=False)
+        jobs = [Job(job_type=NOOP, arguments={"i": i}) for i in range(BUSY_JOBS)]
+        async with meter.window(BUSY_JOBS, out["busy"]):
+            started = time.perf_counter()
+            await enqueue_many(jobs)
+            drained = await wait_drained(conn, within_s=300)
+        out["busy"]["jobs_per_s"] = BUSY_JOBS / (drained - started)
+    finally:
+        await asyncio.gather(*(p.stop() for p in procs))
+    return out
+
+
+async def _reset(conn: Connection, *, workers: bool = True) -> None:
+    tables = "job, job_running, job_dead, job_done, job_attempt, job_unique, job_rate, bench_event"
+    await conn.execute(f"TRUNCATE {tables}{', worker' if workers else ''}")
+
+
+async def _paced(job_type: str, count: int, run: int) -> dict[int, float]:
+    """Enqueue `count` jobs of `job_type`, each in its own transaction, at `RATE_PER_S`; return
+    each job's wall-clock time right after its commit, by id."""
+    committed_s: dict[int, float] = {}
+    start = time.perf_counter()
+    for seq in range(count):
+        delay = start + seq / RATE_PER_S - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        args: dict[str, Any] = {"seq": seq, "run": str(run)} if job_type == STAMP else {"i": seq}
+        enqueued = await enqueue(Job(job_type=job_type, arguments=args))
+        committed_s[enqueued.id] = time.time()
+    return committed_s
+
+
+async def _pickup(conn: Connection, run: int) -> dict[str, float]:
+    """p50 and p99 pickup latency (ms) of `PICKUP_JOBS` `bench_stamp` jobs at 50 jobs/s."""
+    committed_s = await _paced(STAMP, PICKUP_JOBS, run)
+
+    async def all_ran() -> bool:
+        return bool(await conn.fetchval("SELECT count(*) FROM bench_event") >= PICKUP_JOBS)
+
+    await eventually(all_ran, within=30, what="the stamps")
+    rows = await conn.fetch("SELECT job_id, started_s FROM bench_event")
+    latencies = [r["started_s"] - committed_s[r["job_id"]] for r in rows]
+    return {
+        "p50_ms": round(percentile(latencies, 50) * 1000, 3),
+        "p99_ms": round(percentile(latencies, 99) * 1000, 3),
+    }
