@@ -8,10 +8,10 @@ taken. One JSON object per line goes to stdout (and is appended to `.bench/resul
 target, met. Progress and the subprocesses' logs' location go to stderr.
 
 Workloads (what each times: `bench.queue_bench`, `bench.http_bench`, `bench.limits_bench`,
-`bench.control_bench`, `bench.schedule_bench`, `bench.metrics_bench`): throughput,
-pickup_latency, scheduled_lateness, http_reminders, enqueue_concurrent, memory, limits_overhead,
-queue_isolation, held_back_claim, retention_overhead, cancel_latency, wait_wakeup,
-prune_under_load, schedule_lateness, metrics_scrape.
+`bench.control_bench`, `bench.schedule_bench`, `bench.dashboard_bench`, `bench.metrics_bench`):
+throughput, pickup_latency, scheduled_lateness, http_reminders, enqueue_concurrent, memory,
+limits_overhead, queue_isolation, held_back_claim, retention_overhead, cancel_latency,
+wait_wakeup, prune_under_load, schedule_lateness, dashboard_pages, metrics_scrape.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any
 
 from bench import (
     control_bench,
+    dashboard_bench,
     http_bench,
     limits_bench,
     metrics_bench,
@@ -66,6 +67,7 @@ WORKLOADS: dict[str, Spec] = {
     "wait_wakeup": Spec(control_bench.wait_wakeup),
     "prune_under_load": Spec(control_bench.prune_under_load),
     "schedule_lateness": Spec(schedule_bench.schedule_lateness, keys=("shape", "concurrency")),
+    "dashboard_pages": Spec(dashboard_bench.dashboard_pages, keys=("page",)),
     "metrics_scrape": Spec(metrics_bench.metrics_scrape),  # last: it leaves 11M rows behind
 }
 

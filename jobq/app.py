@@ -21,7 +21,7 @@ from quart_schema import Info, QuartSchema, RequestSchemaValidationError
 from werkzeug.exceptions import HTTPException, NotFound
 from werkzeug.routing import IntegerConverter
 
-from jobq import db, jobs, tracing
+from jobq import dashboard, db, jobs, tracing
 from jobq.api import admin, auth, exports, health, metrics, openapi, queues, reminders, users
 from jobq.api import jobs as jobs_api
 from jobq.config import Settings
@@ -144,6 +144,7 @@ def create_app(settings: Settings | None = None) -> Quart:
         admin.bp,
         queues.bp,
         metrics.bp,
+        dashboard.bp,
     ):
         app.register_blueprint(blueprint)
     _register_errors(app)
@@ -195,7 +196,8 @@ def create_app(settings: Settings | None = None) -> Quart:
         # Read rather than trust Content-Length: a chunked HTTP/1.1 or an HTTP/2 request has a
         # body without one.
         body = await request.get_data()
-        if request.method in JSON_TYPES and body and not request.is_json:
+        form = request.blueprint == dashboard.bp.name  # its pages post HTML forms
+        if request.method in JSON_TYPES and body and not request.is_json and not form:
             return error_body("unsupported_media_type", "send the body as application/json", 415)
         return None
 

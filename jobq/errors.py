@@ -94,3 +94,10 @@ class UnsafeWebhook(JobqError):
     def detail(self) -> Any:
         """A field-level error of `webhook_url`, like the other 422s."""
         return [{"type": "unsafe_webhook", "loc": ["webhook_url"], "msg": self.message}]
+
+
+class CrossSiteRefused(JobqError):
+    """A state-changing request without this site's CSRF token, or from another origin."""
+
+    status = 403
+    code = "csrf_failed"

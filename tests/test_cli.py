@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 
 from jobq import clock
-from jobq.cli.commands import JOB_COLUMNS, read_schedules
+from jobq.cli.commands import JOB_COLUMNS
 from jobq.cli.tables import table, utc
 from jobq.config import PROJECT_ROOT
 from jobq.db import Connection, Database
 from jobq.queue import Job, enqueue
+from jobq.queue.schedule import read_schedules
 from tests.toolkit.procs import subprocess_env
 
 

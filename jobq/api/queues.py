@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import logging
 from datetime import timedelta
 
 from pydantic import BaseModel
@@ -13,11 +12,10 @@ from quart_schema import security_scheme_blueprint, validate_response
 
 from jobq import clock, db
 from jobq.api.admin import SECURITY_SCHEME, admin_only
+from jobq.api.audit import audit
 from jobq.db import read_transaction, write_transaction
 from jobq.errors import NotFound
 from jobq.queue import store
-
-log = logging.getLogger(__name__)
 
 bp = Blueprint("queues", __name__)
 security_scheme_blueprint(bp, [{SECURITY_SCHEME: []}])
@@ -85,7 +83,7 @@ async def list_queues() -> Queues:
 async def _set_paused(name: str, *, paused: bool) -> tuple[str, int]:
     if not await store.pause_queue(db.conn(), name, paused=paused):
         raise NotFound("no such queue", queue=name)
-    log.info("queue %s %s by an admin", name, "paused" if paused else "resumed")
+    audit(f"queue.{'pause' if paused else 'resume'}", f"queue:{name}")
     return "", 204
 
 

@@ -23,7 +23,7 @@ from jobq.errors import Conflict, NotFound
 from jobq.queue import dead, maintenance, sql, store
 from jobq.queue.control import JobState, cancel, find, list_jobs
 from jobq.queue.model import Job
-from jobq.queue.sql import Query
+from jobq.queue.schedule import read_schedules
 
 OK, FAILED, NOT_FOUND, CONFLICT = 0, 1, 3, 4
 """The exit codes (2, a usage error, is argparse's)."""
@@ -31,9 +31,6 @@ OK, FAILED, NOT_FOUND, CONFLICT = 0, 1, 3, 4
 PROGRESS_EVERY_S = 1.0
 
 audit_log = logging.getLogger("jobq.audit")
-
-schedule_table = Query("SELECT to_regclass('job_schedule') IS NOT NULL")
-schedule_list = Query("SELECT * FROM job_schedule ORDER BY 1")
 
 
 def emit(args: argparse.Namespace, data: Any, text: str) -> None:
@@ -308,14 +305,6 @@ async def schedules_list(args: argparse.Namespace, settings: Settings) -> int:
         rows = await read_schedules(conn)
     emit(args, {"schedules": rows}, table(rows) if rows else "no schedules")
     return OK
-
-
-async def read_schedules(conn: db.Connection) -> list[dict[str, Any]]:
-    """Every row of `job_schedule`, all its columns, by its first column; none when the table
-    does not exist (a database from before schedules)."""
-    if not await schedule_table.fetchval(conn):
-        return []
-    return [dict(r) for r in await schedule_list.fetch(conn)]
 
 
 # -- prune, stats ------------------------------------------------------------------------------

@@ -30,6 +30,28 @@ if TYPE_CHECKING:
     from jobq.queue.registry import Registry
 
 
+async def read_schedules(conn: Connection) -> list[dict[str, Any]]:
+    """Every row of `job_schedule`, all its columns, by its first column; none when the table
+    does not exist (a database from before schedules)."""
+    if not await sql.schedule_table.fetchval(conn):
+        return []
+    return [dict(r) for r in await sql.schedule_list.fetch(conn)]
+
+
+def next_occurrences(row: Any, count: int) -> list[datetime]:
+    """The next `count` occurrences (aware UTC) of schedule `row` (a `job_schedule` row) from
+    its `next_at` on (that one first); fewer when it ends, none when paused or ended."""
+    at: datetime | None = row["next_at"]
+    if row["paused"] or at is None:
+        return []
+    recurrence = recurrence_of(row)
+    found: list[datetime] = []
+    while at is not None and len(found) < count:
+        found.append(at)
+        at = recurrence.after(at)
+    return found
+
+
 async def declare(conn: Connection, specs: Iterable[ScheduleSpec], *, now: datetime) -> None:
     """Make the code schedules of `job_schedule` those of `specs`: add the new ones, restart
     the changed ones from `now` (their next occurrence after it), leave the unchanged ones as

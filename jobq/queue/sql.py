@@ -623,6 +623,29 @@ WHERE relname IN ('job', 'job_running', 'job_dead') AND schemaname = current_sch
 ORDER BY relname
 """)
 
+# Each queue table, its partitions summed: on-disk size (bytes: heap, indexes and TOAST), live
+# and dead rows and last autovacuum (as the statistics last saw them), from the catalog and the
+# statistics alone (cheap whatever their size).
+job_stats_sizes = Query("""
+SELECT t.name AS table,
+       sum(pg_total_relation_size(p.relid))::bigint AS total_bytes,
+       sum(s.n_live_tup)::bigint AS n_live_tup,
+       sum(s.n_dead_tup)::bigint AS n_dead_tup,
+       max(s.last_autovacuum) AS last_autovacuum_at
+FROM unnest(ARRAY['job', 'job_running', 'job_dead', 'job_done', 'job_attempt']) AS t(name)
+CROSS JOIN LATERAL pg_partition_tree(to_regclass(t.name)) AS p
+LEFT JOIN pg_stat_user_tables AS s ON s.relid = p.relid
+WHERE to_regclass(t.name) IS NOT NULL
+GROUP BY t.name
+ORDER BY t.name
+""")
+
+# The cumulative event counters (`job_counter`, of the metrics) summed per queue and event
+# per queue and event (enqueued, started, succeeded, retried, failed, cancelled, snoozed).
+job_counter_sums = Query("""
+SELECT queue, event, sum(count)::bigint AS count FROM job_counter GROUP BY queue, event
+""")
+
 # -- queues -----------------------------------------------------------------------------------
 
 # Arrays, one item per queue (NULL: no such limit). A queue's limits as its code
@@ -648,12 +671,15 @@ WHERE (q.max_running, q.max_running_per_key, q.rate_max_starts, q.rate_period,
 # Returns the name, or no row for an unknown queue.
 job_queue_pause = Query("UPDATE job_queue SET paused = :paused WHERE name = :name RETURNING name")
 
-# Every queue with its state, limits and jobs (ripe, scheduled, running).
+# Every queue with its state, limits and jobs (ripe, scheduled, running). Each queued count stops
+# at :max_count (NULL: none), so that a page over millions of jobs stays cheap.
 job_queue_list = Query("""
 SELECT q.name, q.paused, q.max_running, q.max_running_per_key, q.rate_max_starts, q.rate_period,
        q.key_rate_max_starts, q.key_rate_period,
-       (SELECT count(*) FROM job WHERE job.queue = q.name AND ripe_at <= :now) AS ripe,
-       (SELECT count(*) FROM job WHERE job.queue = q.name AND ripe_at > :now) AS scheduled,
+       (SELECT count(*) FROM (SELECT FROM job WHERE job.queue = q.name AND ripe_at <= :now
+                              LIMIT :max_count::bigint) AS j) AS ripe,
+       (SELECT count(*) FROM (SELECT FROM job WHERE job.queue = q.name AND ripe_at > :now
+                              LIMIT :max_count::bigint) AS j) AS scheduled,
        (SELECT count(*) FROM job_running AS r WHERE r.queue = q.name) AS running
 FROM job_queue AS q
 ORDER BY q.name
@@ -698,26 +724,31 @@ SELECT (SELECT count(*) FROM queued) + (SELECT count(*) FROM running)
 def _views(where: str, tail: str = "") -> str:
     """The jobs of every table as `jobq.queue.control.JobView` rows: each table's rows that
     match `where` (SQL over the columns every table has; `{state}` stands for the table's state
-    expression), then `tail` (ORDER BY, LIMIT) per table. A queued job is `scheduled` before its
+    expression, `{states}` for the array of the states the table can hold), then `tail`
+    (ORDER BY, LIMIT) per table. A queued job is `scheduled` before its
     ripe_at (`:now`); `attempts` counts the attempts started (the one running too)."""
     queued = "CASE WHEN ripe_at > :now THEN 'scheduled' ELSE 'queued' END"
     return f"""
 (SELECT id, job_type, queue, {queued} AS state, arguments, priority, attempts, max_retries,
         last_error, created_at, ripe_at, NULL::timestamptz AS started_at,
         NULL::timestamptz AS finished_at, NULL::timestamptz AS cancelled_at, NULL::jsonb AS result
- FROM job WHERE {where.replace("{state}", queued)} {tail})
+ FROM job
+ WHERE {where.replace("{state}", queued).replace("{states}", "'{queued,scheduled}'")} {tail})
 UNION ALL
 (SELECT id, job_type, queue, 'running', arguments, priority, attempts + 1, max_retries,
         last_error, created_at, ripe_at, claimed_at, NULL, cancelled_at, NULL
- FROM job_running WHERE {where.replace("{state}", "'running'")} {tail})
+ FROM job_running
+ WHERE {where.replace("{state}", "'running'").replace("{states}", "'{running}'")} {tail})
 UNION ALL
 (SELECT id, job_type, queue, 'failed', arguments, priority, attempts, max_retries, last_error,
         created_at, NULL, NULL, died_at, NULL, NULL
- FROM job_dead WHERE {where.replace("{state}", "'failed'")} {tail})
+ FROM job_dead
+ WHERE {where.replace("{state}", "'failed'").replace("{states}", "'{failed}'")} {tail})
 UNION ALL
 (SELECT id, job_type, queue, state, arguments, NULL, attempts, NULL, last_error, created_at,
         NULL, NULL, finished_at, CASE WHEN state = 'cancelled' THEN finished_at END, result
- FROM job_done WHERE {where.replace("{state}", "state")} {tail})"""
+ FROM job_done
+ WHERE {where.replace("{state}", "state").replace("{states}", "'{succeeded,cancelled}'")} {tail})"""
 
 
 # The job wherever it is.
@@ -732,13 +763,15 @@ ORDER BY failed_at, attempt
 
 # A page of jobs, newest (highest id) first, below id :after (NULL: from the newest), of queue
 # :queue, type :job_type, state :state (each NULL: any). Each table gives its own page first,
-# through its index on id.
+# through its index on id; a table that cannot hold :state is not read at all (the condition on
+# the parameter alone is a one-time filter), so a search for failed jobs never walks job_done.
 job_list = Query(f"""
 SELECT * FROM ({
     _views(
         "id < coalesce(:after::bigint, 9223372036854775807)"
         " AND (:queue::text IS NULL OR queue = :queue)"
         " AND (:job_type::text IS NULL OR job_type = :job_type)"
+        " AND (:state::text IS NULL OR :state = ANY({states}::text[]))"
         " AND (:state::text IS NULL OR {state} = :state)",
         "ORDER BY id DESC LIMIT :limit",
     )
@@ -791,6 +824,10 @@ SELECT count(*) FROM gone
 """)
 
 # -- schedules (`jobq.queue.schedule`) ----------------------------------------------------------
+
+# Whether job_schedule exists (a database from before schedules has none); every schedule.
+schedule_table = Query("SELECT to_regclass('job_schedule') IS NOT NULL")
+schedule_list = Query("SELECT * FROM job_schedule ORDER BY 1")
 
 # :names. Delete the code schedules not among them.
 schedule_forget_code = Query("""

@@ -387,10 +387,13 @@ async def pause_queue(conn: Connection, name: str, *, paused: bool) -> bool:
     return found
 
 
-async def list_queues(conn: Connection, *, now: datetime) -> list[dict[str, Any]]:
+async def list_queues(
+    conn: Connection, *, now: datetime, max_count: int | None = None
+) -> list[dict[str, Any]]:
     """Return every queue by name: `paused`, its limits (None: none; periods as timedelta),
-    and its jobs `ripe` and `scheduled` (queued, ripe by `now` or not) and `running`."""
-    return [dict(r) for r in await sql.job_queue_list.fetch(conn, now=now)]
+    and its jobs `ripe` and `scheduled` (queued, ripe by `now` or not; each counted up to
+    `max_count`, None: all) and `running`."""
+    return [dict(r) for r in await sql.job_queue_list.fetch(conn, now=now, max_count=max_count)]
 
 
 async def stats(conn: Connection, *, now: datetime) -> list[dict[str, Any]]:
@@ -407,3 +410,21 @@ async def vacuum_stats(conn: Connection, *, now: datetime) -> dict[str, Any]:
     oldest: float | None = await sql.job_stats_oldest_transaction.fetchval(conn, now=now)
     tables = [dict(r) for r in await sql.job_stats_tables.fetch(conn)]
     return {"oldest_transaction_s": oldest, "tables": tables}
+
+
+async def table_stats(conn: Connection) -> list[dict[str, Any]]:
+    """Return per queue table (`job`, `job_running`, `job_dead`, `job_done`, `job_attempt`;
+    those that exist), its partitions summed: `total_bytes` on disk (heap, indexes, TOAST),
+    `n_live_tup` and `n_dead_tup` (None before the statistics saw it) and
+    `last_autovacuum_at` (None if never), from the catalog and `pg_stat_user_tables`."""
+    return [dict(r) for r in await sql.job_stats_sizes.fetch(conn)]
+
+
+async def event_counts(conn: Connection) -> dict[str, dict[str, int]]:
+    """Return the cumulative event counts of every queue, `{queue: {event: count}}`, summed
+    over all processes from `job_counter` (written by `jobq.queue.metrics`). A rate is the
+    change of a count between two readings over their interval."""
+    counts: dict[str, dict[str, int]] = {}
+    for r in await sql.job_counter_sums.fetch(conn):
+        counts.setdefault(r["queue"], {})[r["event"]] = r["count"]
+    return counts

@@ -155,3 +155,28 @@ async def test_next_ripe_at_uses_an_index(filled: Connection) -> None:
     text = await plan(filled, sql.job_next_ripe_at, now=clock.now(), queues=["default"])
     assert re.search(r"Index (Only )?Scan using job_(ripe_at|claim)_idx on job", text), text
     assert not re.search(r"Seq Scan on job\b", text), text
+
+
+@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
+async def test_a_search_by_state_reads_no_table_that_cannot_hold_it(
+    filled: Connection, mode: str
+) -> None:
+    """`job_list` for failed jobs never walks `job` or `job_done`, whatever their size: a
+    custom plan leaves them out, a generic one gates their scans with a one-time filter on the
+    parameter, and they never run."""
+    assert sql.job_list.params == ("now", "after", "queue", "job_type", "state", "limit")
+    await filled.execute(f"SET plan_cache_mode = {mode}")
+    await filled.execute(
+        "PREPARE search (timestamptz, bigint, text, text, text, int) AS " + sql.job_list.text
+    )
+    rows = await filled.fetch(
+        "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF)"
+        " EXECUTE search (now(), NULL, NULL, NULL, 'failed', 50)"
+    )
+    await filled.execute("DEALLOCATE search; RESET plan_cache_mode")
+    text = "\n".join(r[0] for r in rows)
+    scans = [line for line in text.splitlines() if re.search(r" on job(_done\w*)? ", line)]
+    if mode == "force_generic_plan":
+        assert scans, text  # there, and gated
+    assert all("never executed" in line for line in scans), text
+    assert "on job_dead" in text

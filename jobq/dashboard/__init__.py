@@ -1,0 +1,12 @@
+"""The dashboard (`/dashboard`): queues, jobs, the dead letter, workers, schedules and the
+database's health, as server-rendered pages for a person, refreshed live by a small script.
+
+`jobq.dashboard.session`: who may look (the admin token: a login form and a session cookie,
+or `Authorization: Bearer`) and the CSRF protection of its actions. `jobq.dashboard.views`: the
+pages and actions, over the engine's verbs (`jobq.queue.store`, `control`, `dead`,
+`schedule`). `jobq.dashboard.format`: the numbers and times as people read them.
+"""
+
+from jobq.dashboard.views import bp
+
+__all__ = ["bp"]
