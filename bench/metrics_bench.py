@@ -47,12 +47,13 @@ async def metrics_scrape(ctx: Context) -> list[Figures]:
             await conn.execute("VACUUM ANALYZE job")
             _filled[ctx.dsn] = round(fill_s, 1)
         figures["fill_s"] = _filled[ctx.dsn]
+        await conn.execute("DELETE FROM job_depth")  # no last snapshot: this one is taken
         async with ctx.jobq_database() as database:
             started = time.perf_counter()
             await metrics.take_depth_snapshot(
                 database,
                 now=clock.now(),
-                interval=timedelta(0),  # the last snapshot is always stale: taken
+                interval=timedelta(0),
                 retention=timedelta(days=7),
             )
             figures["snapshot_ms"] = round((time.perf_counter() - started) * 1000, 1)

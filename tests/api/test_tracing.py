@@ -66,7 +66,12 @@ async def test_the_handler_span_is_a_child_of_the_enqueuing_request(
     def handler_spans() -> list[ReadableSpan]:
         return [s for s in spans.get_finished_spans() if s.name.startswith("jobq.job ")]
 
-    handler = one(await eventually(handler_spans, within=10, what="the handler's span"), "job")
+    try:
+        found = await eventually(handler_spans, within=30, what="the handler's span")
+    except AssertionError as exc:
+        names = [(s.name, s.kind) for s in spans.get_finished_spans()]
+        raise AssertionError(f"{exc}; finished spans: {names}") from None
+    handler = one(found, "job")
     finished = spans.get_finished_spans()
     path = f"/users/{user['id']}/reminders"
     request = one(
