@@ -29,7 +29,7 @@ from jobq.db import Connection, Database
 from jobq.queue import Registry, Worker, metrics
 from tests import pgbouncer
 from tests.keyed_client import use_keyed_client
-from tests.toolkit.database import fresh_database
+from tests.toolkit.database import fresh_database, reset_incidents, reset_tables
 from tests.toolkit.procs import Procs
 from tests.toolkit.receiver import WebhookReceiver
 
@@ -126,12 +126,18 @@ async def session_database(pool_url: str) -> AsyncIterator[Database]:
 
 
 @pytest.fixture
-async def database(session_database: Database) -> Database:
-    """The session's pool, bound in this test's context, over emptied tables."""
-    async with session_database.pool.acquire() as conn:
-        await conn.execute(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE")
-        # the queues a test declared or paused are not the next one's
-        await conn.execute("INSERT INTO job_queue (name) VALUES ('default')")  # as migrated
+async def database(session_database: Database, request: pytest.FixtureRequest) -> Database:
+    """The session's pool, bound in this test's context, over emptied tables (reset on a
+    direct connection: `tests.toolkit.database.reset_tables`)."""
+    await reset_tables(
+        session_database.direct_dsn,
+        [
+            f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE",
+            # the queues a test declared or paused are not the next one's
+            "INSERT INTO job_queue (name) VALUES ('default')",  # as migrated
+        ],
+        test=request.node.nodeid,
+    )
     metrics.tally.take()  # the counts of earlier tests are not this one's
     db.bind(session_database)
     return session_database
@@ -202,3 +208,12 @@ def procs(database_url: str, tmp_path: Path) -> Iterator[Procs]:
     manager = Procs(database_url, tmp_path)
     yield manager
     manager.close()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Say which resets had to end a session left over by an earlier test (a leaked
+    transaction holding the tables' locks), with what that session was doing."""
+    if reset_incidents:
+        terminalreporter.section("sessions left over by tests, ended by the reset")
+        for line in reset_incidents:
+            terminalreporter.write_line(line)

@@ -41,3 +41,51 @@ async def fresh_database(
             await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         finally:
             await admin.close()
+
+
+RESET_LOCK_TIMEOUT = "10s"
+"""How long a reset waits for the tables' locks before it looks for what holds them."""
+
+_BLOCKERS = """
+SELECT DISTINCT a.pid, a.state, a.application_name, now() - a.xact_start AS xact_age,
+       left(a.query, 300) AS query
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.granted AND a.pid <> pg_backend_pid() AND a.backend_type = 'client backend'
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.relation IN (SELECT oid FROM pg_class WHERE relnamespace = 'public'::regnamespace)
+"""
+
+reset_incidents: list[str] = []
+"""What `reset_tables` had to end to get its locks: printed at the end of the test session
+(`tests/conftest.py`), so that a test that leaks a transaction is seen, not hidden."""
+
+
+async def reset_tables(
+    dsn: str, statements: list[str], *, test: str, lock_timeout: str = RESET_LOCK_TIMEOUT
+) -> None:
+    """Run `statements` (TRUNCATE and the rows a fresh database has) in one transaction on a
+    connection of its own to `dsn`, waiting at most `lock_timeout` for the locks. When
+    that runs out, a session left over from an earlier test holds them (an open transaction):
+    it is described in `reset_incidents`, ended, and the reset tried once more.
+    Raises: `asyncpg.PostgresError` when the second try fails too."""
+    conn = await db.connect(dsn)
+    try:
+        for last_try in (False, True):
+            try:
+                async with conn.transaction():
+                    await conn.execute(f"SET LOCAL lock_timeout = '{lock_timeout}'")
+                    for statement in statements:
+                        await conn.execute(statement)
+                return
+            except asyncpg.LockNotAvailableError:
+                if last_try:
+                    raise
+            blockers = await conn.fetch(_BLOCKERS)
+            reset_incidents.append(
+                f"before {test}: ended {len(blockers)} sessions holding the tables' locks: "
+                + "; ".join(repr(dict(b)) for b in blockers)
+            )
+            for blocker in blockers:
+                await conn.execute("SELECT pg_terminate_backend($1, 5000)", blocker["pid"])
+    finally:
+        await conn.close()
