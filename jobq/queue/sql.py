@@ -348,11 +348,28 @@ WITH {record}, q AS (
         SELECT id FROM limited
         UNION ALL
         SELECT j.id FROM q CROSS JOIN LATERAL (
-            SELECT id FROM job
-            WHERE job.queue = q.name AND ripe_at <= :now
-            ORDER BY priority DESC, ripe_at
-            LIMIT q.free
-            FOR UPDATE SKIP LOCKED
+            -- the queue's line one priority at a time, highest first (a skip scan: one index
+            -- probe finds the next priority), so the claim reads the ripe jobs it takes and
+            -- never walks the jobs scheduled later: one range scan of (queue, priority DESC,
+            -- ripe_at) with `ripe_at <= :now` would read them all whenever fewer jobs are ripe
+            -- than free slots
+            WITH RECURSIVE priorities AS (
+                (SELECT priority FROM job WHERE job.queue = q.name
+                 ORDER BY priority DESC LIMIT 1)
+                UNION ALL
+                SELECT (SELECT job.priority FROM job
+                        WHERE job.queue = q.name AND job.priority < p.priority
+                        ORDER BY job.priority DESC LIMIT 1)
+                FROM priorities AS p WHERE p.priority IS NOT NULL
+            )
+            SELECT r.id FROM priorities AS p CROSS JOIN LATERAL (
+                SELECT id FROM job
+                WHERE job.queue = q.name AND job.priority = p.priority AND ripe_at <= :now
+                ORDER BY ripe_at
+                LIMIT q.free
+                FOR UPDATE SKIP LOCKED
+            ) AS r
+            LIMIT q.free  -- in the order of the priorities, then of ripe_at
         ) AS j
         WHERE NOT q.limited
     ))

@@ -180,3 +180,71 @@ async def test_a_search_by_state_reads_no_table_that_cannot_hold_it(
         assert scans, text  # there, and gated
     assert all("never executed" in line for line in scans), text
     assert "on job_dead" in text
+
+
+@pytest.mark.parametrize("plan_cache_mode", ["auto", "force_generic_plan"])
+async def test_the_claim_never_walks_the_jobs_scheduled_later(
+    conn: Connection, plan_cache_mode: str
+) -> None:
+    """Fewer jobs ripe than free slots, behind 300,000 scheduled for next year (issue 12's
+    large queue): the claim reads the index around the ripe jobs of each priority, not the
+    scheduled ones (a plain range scan of the line reads every leaf page of the index)."""
+    now = clock.now()
+    await conn.execute(
+        """
+        INSERT INTO job (job_type, arguments, ripe_at, priority, max_retries, created_at)
+        SELECT 'bulk', jsonb_build_object('i', i),
+               CASE WHEN i <= 3 THEN $1::timestamptz - interval '1 minute'
+                    ELSE $1::timestamptz + interval '365 days' + i * interval '1 second' END,
+               (i % 3)::smallint, 5, $1
+        FROM generate_series(1, 300003) AS i
+        """,
+        now,
+    )
+    await conn.execute("VACUUM ANALYZE job")
+    index_pages = await conn.fetchval("SELECT pg_relation_size('job_claim_idx') / 8192")
+    await conn.execute(f"SET plan_cache_mode = {plan_cache_mode}")
+    later = now + timedelta(seconds=30)
+    given = {  # each parameter's type and value (EXECUTE takes no bind parameters)
+        "completed": ("bigint[]", "'{}'"),
+        "results": ("text[]", "'{}'"),
+        "retain": ("boolean", "true"),
+        "now": ("timestamptz", f"'{now.isoformat()}'"),
+        "queues": ("text[]", "'{default}'"),
+        "slots": ("int[]", "'{16}'"),
+        "worker_id": ("int", "1"),
+        "lease_expires_at": ("timestamptz", f"'{later.isoformat()}'"),
+    }
+    types = ", ".join(given[name][0] for name in sql.job_claim.params)
+    values = ", ".join(given[name][1] for name in sql.job_claim.params)
+    await conn.execute(f"PREPARE claim ({types}) AS {sql.job_claim.text}")
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        rows = await conn.fetch(
+            f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) EXECUTE claim ({values})"
+        )
+        claimed = await conn.fetchval("SELECT count(*) FROM job_running")
+    finally:
+        await tx.rollback()
+    await conn.execute("DEALLOCATE claim; RESET plan_cache_mode")
+    text = "\n".join(r[0] for r in rows)
+    assert claimed == 3, text
+    assert re.search(r"Index Scan using job_claim_idx on job", text), text
+    read = sum(_buffers_of(text, "using job_claim_idx on job"))
+    assert 0 < read < index_pages / 4, (read, index_pages, text)
+
+
+def _buffers_of(text: str, scan: str) -> list[int]:
+    """The shared buffers (hit + read) of each plan node of `text` whose line has `scan`."""
+    found = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if scan in line:
+            for detail in lines[i + 1 :]:
+                if "->" in detail:
+                    break
+                if "Buffers:" in detail:
+                    found.append(sum(map(int, re.findall(r"(?:hit|read)=(\d+)", detail))))
+                    break
+    return found
