@@ -16,9 +16,9 @@ from pydantic import BaseModel
 
 from jobq import clock
 from jobq.check import CheckReport, check
-from jobq.db import Connection
+from jobq.db import Connection, Database
 from jobq.errors import DontRetry
-from jobq.queue import Job, JobContext, Registry, Worker, enqueue
+from jobq.queue import Job, JobContext, Registry, Worker, enqueue, metrics, store
 from tests.toolkit.procs import jobq_check
 
 MakeWorker = Callable[..., Awaitable[Worker]]
@@ -112,6 +112,7 @@ async def test_an_empty_queue_is_ok(conn: Connection) -> None:
         "dead": 0,
         "workers_alive": 0,
         "workers_dead": 0,
+        "queued_counted_at": None,
     }
 
 
@@ -152,7 +153,32 @@ async def test_counts_per_state_of_a_working_queue(
         "dead": 1,
         "workers_alive": 1,
         "workers_dead": 1,
+        "queued_counted_at": None,
     }
+
+
+async def test_past_the_live_count_the_queued_jobs_are_the_depth_snapshots(
+    conn: Connection, database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queue of ten million jobs would take seconds to count: past `LIVE_COUNT_MAX` queued
+    jobs the check reports the last depth snapshot's counts and its time (with none yet, it
+    counts); the invariants are still checked whole."""
+    monkeypatch.setattr(store, "LIVE_COUNT_MAX", 2)
+    for n in range(3):
+        await enqueue(Job(job_type="check.many", arguments={"n": n}))
+    counted = await run_check(conn)  # no snapshot yet
+    assert (counted.counts.queued_ripe, counted.counts.queued_counted_at) == (3, None)
+    at = clock.now()
+    await metrics.take_depth_snapshot(
+        database, now=at, interval=timedelta(0), retention=timedelta(days=7)
+    )
+    await enqueue(Job(job_type="check.many", arguments={"n": 3}))
+    await enqueue(Job(job_type="check.many", arguments={"n": 4}).runs_in(hours=1))
+    await insert_job(conn, 99, attempts=3, retries=2)  # past its last attempt
+    report = await run_check(conn)
+    assert (report.counts.queued_ripe, report.counts.queued_scheduled) == (3, 0)
+    assert report.counts.queued_counted_at == at
+    assert broken(report) == {"attempts_within_limit": [99]}
 
 
 # -- one_place ----------------------------------------------------------------------------------

@@ -48,6 +48,11 @@ class Stats(BaseModel):
 
     job_types: list[JobTypeStats]
     totals: JobTypeStats
+    queued_counted_at: AwareDatetime | None = Field(
+        description="null: every count is of now; else the queue holds more than 100,000 jobs "
+        "and its ripe and scheduled ones are as the last depth snapshot counted them (taken "
+        "by a worker every few seconds), at this time"
+    )
     vacuum: VacuumStats
 
 
@@ -58,7 +63,8 @@ async def job_stats() -> Stats:
     """Queued (ripe and scheduled), running and dead jobs per job type; the age of the oldest
     open transaction and the queue tables' live and dead tuples (a pinned vacuum horizon)."""
     now = clock.now()
-    rows = [JobTypeStats.model_validate(r) for r in await store.stats(db.conn(), now=now)]
+    counted, counted_at = await store.stats(db.conn(), now=now)
+    rows = [JobTypeStats.model_validate(r) for r in counted]
     vacuum = VacuumStats.model_validate(await store.vacuum_stats(db.conn(), now=now))
     totals = JobTypeStats(
         job_type="*",
@@ -67,4 +73,4 @@ async def job_stats() -> Stats:
         running=sum(r.running for r in rows),
         dead=sum(r.dead for r in rows),
     )
-    return Stats(job_types=rows, totals=totals, vacuum=vacuum)
+    return Stats(job_types=rows, totals=totals, queued_counted_at=counted_at, vacuum=vacuum)

@@ -207,7 +207,8 @@ async def dead_retry(args: argparse.Namespace, settings: Settings) -> int:
         return await retry_one(args, any_job=False)
     database = db.current_database()
     async with database.pool.acquire() as conn:
-        total = sum(r["dead"] for r in await store.stats(conn, now=clock.now()))
+        rows, _ = await store.stats(conn, now=clock.now())
+        total = sum(r["dead"] for r in rows)
     retried, gone = 0, 0
     twins: list[int] = []
     after: int | None = None
@@ -357,7 +358,7 @@ async def stats(args: argparse.Namespace, settings: Settings) -> int:
     """Counts per job type and the vacuum figures, as `GET /jobs/stats` gives them."""
     async with db.transaction(readonly=True) as conn:
         now = clock.now()
-        rows = await store.stats(conn, now=now)
+        rows, counted_at = await store.stats(conn, now=now)
         vacuum = await store.vacuum_stats(conn, now=now)
     counts = ("ripe", "scheduled", "running", "dead")
     totals = {"job_type": "*", **{c: sum(r[c] for r in rows) for c in counts}}
@@ -365,10 +366,16 @@ async def stats(args: argparse.Namespace, settings: Settings) -> int:
     text = "\n".join(
         [
             table([*rows, totals], ["job_type", *counts]),
+            *(
+                []
+                if counted_at is None
+                else [f"queued jobs as counted at {counted_at:%Y-%m-%d %H:%M:%S}Z"]
+            ),
             "",
             f"oldest open transaction: {'none' if oldest is None else f'{oldest:.1f} s'}",
             table(vacuum["tables"]),
         ]
     )
-    emit(args, {"job_types": rows, "totals": totals, "vacuum": vacuum}, text)
+    body = {"job_types": rows, "totals": totals, "queued_counted_at": counted_at, "vacuum": vacuum}
+    emit(args, body, text)
     return OK

@@ -52,7 +52,7 @@ RATE_WINDOW_S = 60.0
 """Rates are averaged over the readings of the last minute (at least `MIN_RATE_SPAN_S`)."""
 MIN_RATE_SPAN_S = 1.0
 
-MAX_DEPTH = 100_000
+MAX_DEPTH = store.LIVE_COUNT_MAX
 """The overview counts a queue's ripe and scheduled jobs up to this many (then says "more
 than"): counting a million queued jobs takes a quarter of a second, every refresh."""
 

@@ -545,6 +545,28 @@ GROUP BY job_type
 ORDER BY job_type
 """)
 
+# Whether `job` holds more than :max_count jobs (reads at most :max_count + 1 rows).
+job_count_over = Query("""
+SELECT count(*) > :max_count::bigint FROM (SELECT FROM job LIMIT :max_count::bigint + 1) AS j
+""")
+
+# The time of the last depth snapshot (`job_depth_take`; NULL: none yet).
+job_depth_taken_at = Query("SELECT max(taken_at) FROM job_depth")
+
+# `job_stats` with the queued jobs as the last depth snapshot counted them (job_type_depth), and
+# the running and dead ones counted now.
+job_stats_counted = Query("""
+SELECT job_type, sum(ripe)::bigint AS ripe, sum(scheduled)::bigint AS scheduled,
+       sum(running)::bigint AS running, sum(dead)::bigint AS dead
+FROM (
+    SELECT job_type, ripe, scheduled, 0 AS running, 0 AS dead FROM job_type_depth
+    UNION ALL SELECT job_type, 0, 0, count(*), 0 FROM job_running GROUP BY job_type
+    UNION ALL SELECT job_type, 0, 0, 0, count(*) FROM job_dead GROUP BY job_type
+) AS jobs
+GROUP BY job_type
+ORDER BY job_type
+""")
+
 # -- the invariants' check (`jobq.check`): read-only, run in one REPEATABLE READ snapshot -------
 
 # :max_sample: ids returned at most. Jobs in more than one of job, job_running, job_dead.
@@ -577,7 +599,8 @@ SELECT count(*) AS violations,
 FROM overdue
 """)
 
-# Queued or running jobs past their last attempt (they belong in job_dead).
+# Queued or running jobs past their last attempt (they belong in job_dead): the queued ones
+# through the partial index job_over_attempts_idx, empty while the invariant holds.
 check_attempts = Query("""
 WITH over AS (
     SELECT id FROM job WHERE attempts > max_retries
@@ -607,12 +630,15 @@ SELECT count(*) AS violations,
 FROM over
 """)
 
-# Jobs per state, and workers alive or not (as the rescue judges).
+# Jobs per state, and workers alive or not (as the rescue judges); the queued ones as the last
+# depth snapshot counted them when :counted (each subquery runs only if its branch is taken).
 check_counts = Query(f"""
 WITH alive AS ({_ALIVE}
 )
-SELECT (SELECT count(*) FROM job WHERE ripe_at <= :now) AS queued_ripe,
-       (SELECT count(*) FROM job WHERE ripe_at > :now) AS queued_scheduled,
+SELECT CASE WHEN :counted::boolean THEN (SELECT coalesce(sum(ripe), 0) FROM job_type_depth)
+            ELSE (SELECT count(*) FROM job WHERE ripe_at <= :now) END AS queued_ripe,
+       CASE WHEN :counted::boolean THEN (SELECT coalesce(sum(scheduled), 0) FROM job_type_depth)
+            ELSE (SELECT count(*) FROM job WHERE ripe_at > :now) END AS queued_scheduled,
        (SELECT count(*) FROM job_running) AS running,
        (SELECT count(*) FROM job_running WHERE lease_expires_at < :now) AS running_lease_expired,
        (SELECT count(*) FROM job_dead) AS dead,
@@ -974,27 +1000,38 @@ job_depth_took = Query("UPDATE job_depth SET took_s = :took_s WHERE taken_at = :
 
 # Count, per queue, its ripe and scheduled jobs at :now and the ripe ones its concurrency limits
 # hold back (the queue's max_running reached, or their key's max_running_per_key), into
-# job_depth. One pass over `job`: a second or so per million jobs, every few seconds, in one
-# process.
+# job_depth, and per queue and job type its ripe and scheduled jobs into job_type_depth. One
+# pass over `job`: a second or so per million jobs, every few seconds, in one process.
 job_depth_take = Query("""
 WITH running_queue AS (
     SELECT queue, count(*) AS n FROM job_running GROUP BY queue
 ), running_key AS (
     SELECT queue, concurrency_key, count(*) AS n FROM job_running
     WHERE concurrency_key IS NOT NULL GROUP BY queue, concurrency_key
-), counted AS (
-    SELECT j.queue,
+), by_type AS (
+    SELECT j.queue, j.job_type,
            count(*) FILTER (WHERE j.ripe_at <= :now) AS ripe,
            count(*) FILTER (WHERE j.ripe_at > :now) AS scheduled,
            count(*) FILTER (WHERE j.ripe_at <= :now
                               AND (rq.n >= q.max_running OR rk.n >= q.max_running_per_key))
                AS held
     FROM job AS j
-    JOIN job_queue AS q ON q.name = j.queue
+    LEFT JOIN job_queue AS q ON q.name = j.queue
     LEFT JOIN running_queue AS rq ON rq.queue = j.queue
     LEFT JOIN running_key AS rk
         ON rk.queue = j.queue AND rk.concurrency_key = j.concurrency_key
-    GROUP BY j.queue
+    GROUP BY j.queue, j.job_type
+), counted AS (
+    SELECT queue, sum(ripe) AS ripe, sum(scheduled) AS scheduled, sum(held) AS held
+    FROM by_type GROUP BY queue
+), types AS (
+    INSERT INTO job_type_depth AS d (queue, job_type, ripe, scheduled, taken_at)
+    SELECT queue, job_type, ripe, scheduled, :now FROM by_type
+    ON CONFLICT (queue, job_type) DO UPDATE
+    SET ripe = EXCLUDED.ripe, scheduled = EXCLUDED.scheduled, taken_at = EXCLUDED.taken_at
+), types_gone AS (
+    DELETE FROM job_type_depth AS d
+    WHERE NOT EXISTS (SELECT FROM by_type AS b WHERE b.queue = d.queue AND b.job_type = d.job_type)
 ), gone AS (
     DELETE FROM job_depth WHERE queue NOT IN (SELECT name FROM job_queue)
 )

@@ -396,9 +396,28 @@ async def list_queues(
     return [dict(r) for r in await sql.job_queue_list.fetch(conn, now=now, max_count=max_count)]
 
 
-async def stats(conn: Connection, *, now: datetime) -> list[dict[str, Any]]:
-    """Return per job type: `ripe` and `scheduled` queued jobs, `running`, `dead`."""
-    return [dict(r) for r in await sql.job_stats.fetch(conn, now=now)]
+LIVE_COUNT_MAX = 100_000
+"""The most queued jobs that the views count live (`stats`, the dashboard's depths): past it,
+counting `job` costs a second per few million jobs, and they read the depth snapshot (or stop
+counting) instead."""
+
+
+async def stats(
+    conn: Connection, *, now: datetime, max_count: int | None = None
+) -> tuple[list[dict[str, Any]], datetime | None]:
+    """Return per job type (by name) its `ripe` and `scheduled` queued jobs, `running` and
+    `dead`, and when the queued ones were counted: None when counted now, at `now` (aware UTC),
+    which they are while `job` holds at most `max_count` jobs (None: `LIVE_COUNT_MAX`); past
+    that, as the last depth
+    snapshot counted them (`jobq.queue.metrics.take_depth_snapshot`, every few seconds by one
+    worker), and its time. Running and dead jobs are always counted now. With no snapshot yet,
+    everything is counted now, whatever it costs."""
+    max_count = LIVE_COUNT_MAX if max_count is None else max_count
+    if await sql.job_count_over.fetchval(conn, max_count=max_count):
+        counted_at: datetime | None = await sql.job_depth_taken_at.fetchval(conn)
+        if counted_at is not None:
+            return [dict(r) for r in await sql.job_stats_counted.fetch(conn)], counted_at
+    return [dict(r) for r in await sql.job_stats.fetch(conn, now=now)], None
 
 
 async def vacuum_stats(conn: Connection, *, now: datetime) -> dict[str, Any]:

@@ -151,6 +151,16 @@ async def test_dedup_lookup_uses_the_md5_index(filled: Connection) -> None:
     assert not re.search(r"Seq Scan on job\b", text), text
 
 
+async def test_the_check_finds_jobs_past_their_last_attempt_by_the_partial_index(
+    filled: Connection,
+) -> None:
+    """`python -m jobq check` over ten million queued jobs: the attempts invariant reads the
+    index of the jobs that break it (empty while it holds), never `job` itself."""
+    text = await plan(filled, sql.check_attempts, max_sample=20)
+    assert re.search(r"Index (Only )?Scan using job_over_attempts_idx on job", text), text
+    assert not re.search(r"Seq Scan on job\b", text), text
+
+
 async def test_next_ripe_at_uses_an_index(filled: Connection) -> None:
     text = await plan(filled, sql.job_next_ripe_at, now=clock.now(), queues=["default"])
     assert re.search(r"Index (Only )?Scan using job_(ripe_at|claim)_idx on job", text), text

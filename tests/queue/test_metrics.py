@@ -211,6 +211,12 @@ async def test_the_depth_snapshot_counts_ripe_scheduled_and_held_jobs(
         "default": (0, 0, 0),
         "keyed": (1, 0, 1),
     }
+    # the same pass counts per job type too (what /jobs/stats reads of a big queue)
+    rows = await conn.fetch("SELECT queue, job_type, ripe, scheduled FROM job_type_depth")
+    assert {(r["queue"], r["job_type"]): (r["ripe"], r["scheduled"]) for r in rows} == {
+        ("capped", "t"): (2, 1),
+        ("keyed", "t"): (1, 0),
+    }
 
 
 async def test_one_process_takes_the_snapshot_per_interval_or_slower(database: Database) -> None:
