@@ -1,13 +1,16 @@
 """The dashboard in a real browser: Debian's Chromium, headless, driven by Playwright. A person's
 path through it: log in through the form, read every page (no console error), pause and resume
 a queue, retry and discard dead jobs (one, and in bulk), find a job by id and read its attempts,
-errors and result, watch a page refresh itself. The screenshots of the README
-(`docs/screenshots/`) are taken here, at 1280x800 and at a phone's 390x844.
+errors and result, watch a page refresh itself. The screenshots of the README are taken here,
+at 1280x800 and at a phone's 390x844: into `docs/screenshots/` with `JOBQ_SCREENSHOTS=1`
+(`JOBQ_SCREENSHOTS=1 .venv/bin/pytest tests/dashboard/test_browser.py`), else into the test's
+temporary folder, so that a test run leaves the work tree as it was.
 
 Skipped, saying why, where no Chromium is installed (`.ci/run` installs it)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -30,7 +33,7 @@ pytestmark = pytest.mark.skipif(
     reason="Chromium is not installed (apt-get install chromium; .ci/run does)",
 )
 
-SCREENSHOTS = PROJECT_ROOT / "docs" / "screenshots"
+README_SCREENSHOTS = PROJECT_ROOT / "docs" / "screenshots"
 WAIT_MS = 30_000
 """How long an expectation waits for the page (Playwright polls; never a speed assertion)."""
 expect.set_options(timeout=WAIT_MS)
@@ -92,9 +95,10 @@ async def paused(conn: Connection, name: str) -> bool:
 
 
 async def test_every_page_loads_without_console_errors_and_screenshots_are_taken(
-    page: tuple[Page, Console], make_worker: MakeWorker, conn: Connection
+    page: tuple[Page, Console], make_worker: MakeWorker, conn: Connection, tmp_path: Path
 ) -> None:
     tab, console = page
+    shots = README_SCREENSHOTS if os.environ.get("JOBQ_SCREENSHOTS") == "1" else tmp_path
     ids = await fill(make_worker)
     specs = [
         ScheduleSpec(name="nightly-report", job_type="report.build", cron="0 3 * * *"),
@@ -115,18 +119,24 @@ async def test_every_page_loads_without_console_errors_and_screenshots_are_taken
         await tab.wait_for_load_state("networkidle")
     await tab.goto("/dashboard/")
     await expect(tab.get_by_role("rowheader", name="mail", exact=True)).to_be_visible()
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    await tab.screenshot(path=SCREENSHOTS / "dashboard-1280x800.png")
+    shots.mkdir(parents=True, exist_ok=True)
+    await tab.screenshot(path=shots / "dashboard-1280x800.png")
     await tab.set_viewport_size({"width": 390, "height": 844})
-    await tab.screenshot(path=SCREENSHOTS / "dashboard-390x844.png")
+    await tab.screenshot(path=shots / "dashboard-390x844.png")
     # at a phone's width the page never scrolls sideways: the tables scroll inside it
     width = await tab.evaluate("document.documentElement.scrollWidth")
     assert width <= 390
     await tab.goto(f"/dashboard/jobs/{ids['dead'][0]}")
-    await tab.screenshot(path=SCREENSHOTS / "dashboard-job-390x844.png", full_page=True)
+    await tab.screenshot(path=shots / "dashboard-job-390x844.png", full_page=True)
     await tab.goto("/dashboard/dead")
-    await tab.screenshot(path=SCREENSHOTS / "dashboard-dead-390x844.png")
+    await tab.screenshot(path=shots / "dashboard-dead-390x844.png")
     assert console.errors == []
+    assert sorted(p.name for p in shots.glob("dashboard-*.png")) == [
+        "dashboard-1280x800.png",
+        "dashboard-390x844.png",
+        "dashboard-dead-390x844.png",
+        "dashboard-job-390x844.png",
+    ]
 
 
 async def test_the_pause_button_pauses_and_the_resume_button_resumes(
