@@ -328,7 +328,10 @@ def _claiming(record: str, recorded: str) -> Query:
     without limits is claimed here, from its line (`job_claim_idx`); the jobs of queues with
     limits are chosen by `job_claimable` (sql/005_queues.sql), which makes their claims take
     turns and writes their starts to the rate windows (`job_rate`).
-    It returns the claimed jobs, then one row per recorded token (id NULL).
+    It returns the claimed jobs, then one row per recorded token (id NULL), then one row (id
+    and token NULL) whose `ripe_at` is when a claim of the queues it did not fill (fewer ripe
+    jobs than free slots) may next find work: their earliest `ripe_at` after `:now`, or the
+    moment a full rate window of theirs opens (NULL: neither).
     """
     return Query(f"""
 WITH {record}, q AS (
@@ -382,11 +385,24 @@ WITH {record}, q AS (
     FROM claimed AS c  -- in the order of the claim (a join could reorder the jobs)
     RETURNING token, id, job_type, arguments, attempts, max_retries, ripe_at, claimed_at, queue,
               concurrency_key
+), unfilled AS (
+    SELECT q.name FROM q WHERE q.free > (SELECT count(*) FROM running AS r WHERE r.queue = q.name)
+), upcoming AS (
+    -- when a claim of the queues this one left slots free in may next find work (the worker's
+    -- timer), as `job_next_ripe_at` tells, with no second statement to ask it
+    SELECT least(
+        (SELECT min(n.ripe_at) FROM unfilled AS u CROSS JOIN LATERAL (
+             SELECT ripe_at FROM job WHERE job.queue = u.name AND ripe_at > :now
+             ORDER BY ripe_at LIMIT 1) AS n),
+        job_rate_opens_at(ARRAY(SELECT name FROM unfilled), :now::timestamptz)
+    ) AS ripe_at
 )
 SELECT * FROM running
 UNION ALL
 SELECT token, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM {recorded}
 WHERE {NOTIFY_ENDED.format(source="ended")}
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, ripe_at, NULL, NULL, NULL FROM upcoming
 """)
 
 

@@ -10,7 +10,7 @@ import asyncio
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from jobq import clock, tracing
 from jobq.db import (
@@ -231,7 +231,7 @@ async def claim(
     `max_jobs` of each queue (an int: of `default`), and return them, each with a new fencing
     token. Per queue: highest priority, then earliest ripe_at; rows locked by another claim are
     skipped; paused queues are skipped; queues with limits take no more than these allow."""
-    jobs, _ = await record_and_claim(
+    jobs, _, _ = await record_and_claim(
         conn,
         [],
         worker_id=worker_id,
@@ -243,6 +243,17 @@ async def claim(
     return jobs
 
 
+class Claimed(NamedTuple):
+    """What `record_and_claim` did: the claimed `jobs`, the tokens of the outcomes `recorded`,
+    and `next_ripe_at`: when a claim of the queues it did not fill may next find work (the
+    earliest `ripe_at` after `now` of their jobs, or the moment a full rate window of theirs
+    opens; None: neither), as `next_ripe_at()` would tell."""
+
+    jobs: list[ClaimedJob]
+    recorded: set[int]
+    next_ripe_at: datetime | None
+
+
 async def record_and_claim(
     conn: Connection,
     outcomes: Sequence[Outcome],
@@ -252,10 +263,10 @@ async def record_and_claim(
     now: datetime,
     lease_expires_at: datetime,
     retain: bool = True,
-) -> tuple[list[ClaimedJob], set[int]]:
+) -> Claimed:
     """Record `outcomes` (as `record` does) and claim up to `max_jobs` (as `claim` does) in one
     statement, so that the jobs whose outcome is recorded free the slots the claim fills.
-    Return the claimed jobs and the tokens of `outcomes` that were recorded.
+    Return what it did (`Claimed`): a worker needs no second statement to set its timer.
     `retain`: keep the jobs that end in `job_done` (False: retention is off).
 
     Raises: `asyncpg.PostgresError` (then nothing happened).
@@ -289,7 +300,9 @@ async def record_and_claim(
         for r in rows
         if r["id"] is not None
     ]
-    return jobs, {r["token"] for r in rows if r["id"] is None}
+    recorded = {r["token"] for r in rows if r["id"] is None and r["token"] is not None}
+    upcoming = [r["ripe_at"] for r in rows if r["id"] is None and r["token"] is None]
+    return Claimed(jobs, recorded, upcoming[0] if upcoming else None)
 
 
 async def record(

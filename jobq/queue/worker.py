@@ -76,6 +76,12 @@ class Worker:
         self._claim_lock = asyncio.Lock()
         self._claimed_up_to: datetime | None = None
         """The time of the last round's claim: jobs ripe by then were claimed or locked."""
+        self._next_ripe_at: datetime | None = None
+        """What the last round's claim said of the queues it did not fill: when a claim of
+        theirs may next find work (None: nothing queued there, no rate window to wait for)."""
+        self._filled: set[str] = set()
+        """The queues of which the last round's claim took as many jobs as they had free slots:
+        more of their jobs may be ripe. Of the others, none was ripe (or unlocked) by then."""
         self._tasks: dict[asyncio.Task[None], ClaimedJob] = {}
         self.slots = Slots(served_queues(settings, handlers))
         self._limited: set[str] = set()
@@ -210,9 +216,12 @@ class Worker:
             while not self._stopping.is_set():
                 self._wake.clear()
                 try:
-                    claimed = await self.run_once()
-                    if (claimed or self._recheck) and self.free_slots > 0:
-                        continue  # more may be ripe, or a limit freed
+                    await self.run_once()
+                    free = self.slots.free()
+                    if any(free[name] > 0 for name in self._filled) or (
+                        self._recheck and self.free_slots > 0
+                    ):
+                        continue  # more may be ripe where there is room, or a limit freed
                     timeout = poll if self.free_slots <= 0 else await self._idle_timeout()
                 except Exception as exc:
                     log.warning("worker %s: claim failed (%s); retrying", self.id, describe(exc))
@@ -243,13 +252,18 @@ class Worker:
 
         "Next" is after the last claim's time, not after now: a job that ripened between that
         claim and now (a timer fires up to a millisecond early) is due at once, rather than
-        waiting for the one after it.
+        waiting for the one after it. The claim itself tells when its queues may next find
+        work (`store.Claimed.next_ripe_at`), so an idle worker asks with no second statement;
+        only when no claim ran this round does it ask (`store.next_ripe_at`).
         """
         poll = self.settings.poll_interval.total_seconds()
         now = clock.now()
-        queues = [name for name, free in self.slots.free().items() if free > 0]
-        async with self.database.pool.acquire() as conn:
-            upcoming = await store.next_ripe_at(conn, now=self._claimed_up_to or now, queues=queues)
+        if self._claimed_up_to is not None:  # the claim said (the usual case)
+            upcoming = self._next_ripe_at
+        else:
+            queues = [name for name, free in self.slots.free().items() if free > 0]
+            async with self.database.pool.acquire() as conn:
+                upcoming = await store.next_ripe_at(conn, now=now, queues=queues)
         if upcoming is None:
             return poll
         return max(0.0, min(poll, (upcoming - now).total_seconds()))
@@ -316,6 +330,7 @@ class Worker:
         """
         async with self._claim_lock:
             self._claimed_up_to = None
+            self._filled = set()
             batch = self.acker.take()
             claiming = not self._stopping.is_set() and self.alive and self.id is not None
             free = self.slots.free([job for job, _ in batch]) if claiming else {}
@@ -326,7 +341,7 @@ class Worker:
             now = clock.now()
             try:
                 async with self._claim_connection() as conn:
-                    jobs, recorded = await store.record_and_claim(
+                    jobs, recorded, next_ripe_at = await store.record_and_claim(
                         conn,
                         [outcome for _, outcome in batch],
                         worker_id=self.id or 0,
@@ -349,6 +364,9 @@ class Worker:
             self._recheck = bool(free) and any(job.queue in self._limited for job, _ in batch)
             if free:
                 self._claimed_up_to = now
+                self._next_ripe_at = next_ripe_at
+                taken = Counter(job.queue for job in jobs)
+                self._filled = {name for name, n in free.items() if taken[name] >= n}
             traced = bool(jobs) and tracing.active()
             traces = await self._traces(jobs) if traced else {}
             for job in jobs:

@@ -105,7 +105,7 @@ async def running(conn: Connection) -> list[int]:
         lease_expires_at=now + timedelta(seconds=30),
     )
     await conn.execute("ANALYZE job_running")
-    return [r["token"] for r in rows]
+    return [r["token"] for r in rows if r["id"] is not None]
 
 
 @pytest.mark.parametrize("plan_cache_mode", ["auto", "force_generic_plan"])

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from freezegun import freeze_time
@@ -15,7 +17,7 @@ from pydantic import BaseModel
 
 from jobq import clock
 from jobq.db import Connection, Database, transaction
-from jobq.queue import Job, JobContext, Registry, Worker, enqueue
+from jobq.queue import Job, JobContext, Registry, Worker, enqueue, store
 from jobq.queue.notify import CHANNEL, Notifier, notifier
 from tests.queue.conftest import NewWorker
 from tests.queue.helpers import MakeWorker
@@ -47,9 +49,9 @@ class Starts:
 
         return handlers
 
-    async def wait(self, n: int) -> float:
-        """Wait for the n-th start (at most 2 s); return its loop time."""
-        async with asyncio.timeout(2):
+    async def wait(self, n: int, within: float = 2) -> float:
+        """Wait for the n-th start (at most `within` seconds); return its loop time."""
+        async with asyncio.timeout(within):
             while len(self.loop_times) < n:
                 self._event.clear()
                 await self._event.wait()
@@ -269,3 +271,39 @@ async def test_a_job_that_ripened_since_the_last_claim_is_due_at_once(
         assert await worker._idle_timeout() == 0  # not 2 s, the wait for the second job
         assert await worker.run_once() == 1
         await worker.wait_idle()
+
+
+async def test_one_statement_per_job_when_each_claim_fills_its_queue(
+    new_worker: NewWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One slot in `default` and one in an idle queue (as the app's own queues sit beside a
+    worker's): each claim records the last job's outcome, takes the next job and says when the
+    idle queue may next have work. No second claim of the idle queue, no question of when the
+    next job ripens: one round trip per job, as the raw one-job-per-transaction loop."""
+    statements: Counter[str] = Counter()
+    for verb in ("record_and_claim", "next_ripe_at", "record"):
+        real = getattr(store, verb)
+
+        async def counted(*args: object, _real: Any = real, _verb: str = verb, **kw: Any) -> Any:
+            statements[_verb] += 1
+            return await _real(*args, **kw)
+
+        monkeypatch.setattr(store, verb, counted)
+    starts = Starts()
+    handlers = starts.handlers()
+
+    @handlers.handler("idle.nothing", args=Args, queue="idle")
+    async def nothing(args: Args, job: JobContext) -> None:
+        raise AssertionError("no job of the idle queue is enqueued")
+
+    jobs = 200
+    async with running(new_worker, handlers, queues={"default": 1, "idle": 1}):
+        statements.clear()
+        async with transaction():
+            for n in range(jobs):
+                await enqueue(Job(job_type="tick", arguments={"n": n}))
+        await starts.wait(jobs, within=30)
+    # each job: the claim that took it (and recorded the one before); then the stop's last
+    # record and the claims around the enqueue's wake-up
+    assert jobs <= statements["record_and_claim"] <= jobs + 3, statements
+    assert statements["next_ripe_at"] <= 1, statements
