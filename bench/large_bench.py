@@ -14,8 +14,11 @@ What is timed, exactly:
 - `pickup_p50_ms`/`pickup_p99_ms`: one worker process serving `default` (16 slots), idle over
   its 10,000,000 scheduled jobs; `PICKUP_JOBS` `bench_stamp` jobs enqueued on it at
   `PICKUP_RATE_PER_S`, each in its own transaction: handler start minus the enqueue's commit.
+- `snapshot_ms`: the depth snapshot that one worker takes every few seconds (and then waits 20
+  times as long): the one count over `job`, per queue and job type.
 - `stats_ms` and `check_ms`: `jobq.queue.store.stats` (what `GET /jobs/stats` reads) and
-  `jobq.check.check` (`python -m jobq check`), once each.
+  `jobq.check.check` (`python -m jobq check`), once each, after that snapshot: past
+  `store.LIVE_COUNT_MAX` queued jobs both read its counts rather than count `job`.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from bench.handlers import STAMP
 from bench.loadgen import percentile
 from bench.queue_bench import _stamps
 from jobq import check, clock, db
-from jobq.queue import Job, enqueue, sql, store
+from jobq.queue import Job, enqueue, metrics, sql, store
 from tests.toolkit.procs import registered
 
 SCHEDULED = 10_000_000
@@ -65,7 +68,13 @@ async def large_queue(ctx: Context) -> list[Figures]:
             _filled[ctx.dsn] = round(fill_s + time.perf_counter() - started, 1)
         figures["fill_s"] = _filled[ctx.dsn]
         await conn.execute("DELETE FROM job WHERE queue = 'bench_enqueue'")
-        await conn.execute("TRUNCATE bench_event, job_running")
+        await conn.execute("TRUNCATE bench_event, job_running, job_depth, job_type_depth")
+    async with ctx.jobq_database() as database:  # as the elected worker does every few seconds
+        started = time.perf_counter()
+        await metrics.take_depth_snapshot(
+            database, now=clock.now(), interval=timedelta(0), retention=timedelta(days=7)
+        )
+        figures["snapshot_ms"] = _ms(time.perf_counter() - started)
     async with ctx.connection() as conn:
         await conn.execute("SET plan_cache_mode = force_generic_plan")  # as the workers claim
         figures.update(_summary("claim", await _claims(conn, "bench_backlog")))

@@ -56,7 +56,7 @@ from jobq.queue import Job, enqueue, enqueue_many
 from tests.toolkit.procs import Proc, check_running, registered
 
 THROUGHPUT_JOBS = 20_000
-CONCURRENCIES = (1, 16, 128)
+CONCURRENCIES = (1, 16, 64, 128)
 PICKUP_JOBS = 500
 PICKUP_RATE_PER_S = 50.0
 SCHEDULED_JOBS = 500
@@ -96,7 +96,7 @@ def _noop_jobs(count: int) -> list[Job]:
 
 
 async def throughput(ctx: Context) -> list[Figures]:
-    """One run at each concurrency (1, 16, 128): the worker's drain, then the raw one."""
+    """One run at each concurrency (1, 16, 64, 128): the worker's drain, then the raw one."""
     lines = []
     for concurrency in CONCURRENCIES:
         worker = await _worker_drain(ctx, concurrency)
