@@ -124,8 +124,11 @@ def instrument_app(app: Any) -> None:
 
 def instrument_client(client: Any) -> None:
     """Trace the calls of the `httpx.AsyncClient` `client` (client spans, and a `traceparent`
-    header to the server); nothing without the extra."""
-    if not INSTALLED:
+    header to the server) if spans are recorded now (`active()`: call it once the tracer
+    provider is set, as `opentelemetry-instrument` does before the app starts); nothing
+    otherwise: an instrumented client pays for its wrapping on every call even when nothing
+    is recorded."""
+    if not active():
         return
     from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
 
