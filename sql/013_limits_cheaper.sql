@@ -116,7 +116,7 @@ DECLARE
     v_seq bigint;
     v_running bigint;
     v_starts bigint;  -- the queue's starts within its rate period
-    v_key_starts bigint;  -- the queue's starts within the key rate period
+    v_key_starts bigint;  -- the queue's starts within the key rate period (or a bound, below)
     v_budget integer;
     v_keys_running boolean;  -- some key could reach max_running_per_key in this claim
     v_keys_rated boolean;  -- some key could reach key_rate_max_starts in this claim
@@ -130,28 +130,48 @@ BEGIN
         v_free := p_slots[array_position(p_queues, q.name)];
         CONTINUE WHEN coalesce(v_free, 0) <= 0;
         PERFORM pg_advisory_xact_lock(1785684594, q.id);
-        -- the queue's counts, in one snapshot after the turn: the last start row (its time and
-        -- the queue's starts so far, `seq`), the starts within each period (the seq before the
-        -- period's first row, one index probe each), the running jobs
+        -- the queue's counts, after the turn (each statement takes its snapshot): its running
+        -- jobs; its last start row (its time, and the queue's starts so far: `seq`), and the
+        -- starts within each period: `seq` minus the seq before the period's first row
+        IF q.max_running IS NOT NULL OR q.max_running_per_key IS NOT NULL THEN
+            v_running := (SELECT count(*) FROM job_running AS r WHERE r.queue = q.name);
+        END IF;
         v_rated := q.rate_max_starts IS NOT NULL OR q.key_rate_max_starts IS NOT NULL;
-        SELECT l.at, l.seq,
-               CASE WHEN q.max_running IS NOT NULL OR q.max_running_per_key IS NOT NULL THEN
-                   (SELECT count(*) FROM job_running AS r WHERE r.queue = q.name) END,
-               CASE WHEN q.rate_max_starts IS NOT NULL THEN l.seq - coalesce(
-                   (SELECT r.seq - r.n FROM job_rate AS r
-                    WHERE r.queue = q.name AND r.concurrency_key = ''
-                      AND r.at > l.at - q.rate_period
-                    ORDER BY r.at, r.seq LIMIT 1), l.seq) END,
-               CASE WHEN q.key_rate_max_starts IS NOT NULL THEN l.seq - coalesce(
-                   (SELECT r.seq - r.n FROM job_rate AS r
-                    WHERE r.queue = q.name AND r.concurrency_key = ''
-                      AND r.at > l.at - q.key_rate_period
-                    ORDER BY r.at, r.seq LIMIT 1), l.seq) END
-        INTO v_at, v_seq, v_running, v_starts, v_key_starts
-        FROM (SELECT greatest(p_now, max(r.at)) AS at, coalesce(max(r.seq), 0) AS seq
-              FROM (SELECT r.at, r.seq FROM job_rate AS r
-                    WHERE v_rated AND r.queue = q.name AND r.concurrency_key = ''
-                    ORDER BY r.at DESC, r.seq DESC LIMIT 1) AS r) AS l;
+        v_at := p_now;
+        v_seq := 0;
+        v_starts := 0;
+        v_key_starts := 0;
+        IF v_rated THEN
+            -- The starts within the key period are those within the queue's period when that
+            -- is as long or longer and they leave room for every free slot: no key can then
+            -- reach its rate whatever they are exactly (one index probe less).
+            SELECT l.at, l.seq, w.starts, CASE
+                WHEN q.key_rate_max_starts IS NULL THEN 0
+                WHEN q.key_rate_period <= q.rate_period
+                     AND w.starts + v_free <= q.key_rate_max_starts THEN w.starts
+                ELSE l.seq - coalesce(
+                    (SELECT r.seq - r.n FROM job_rate AS r
+                     WHERE r.queue = q.name AND r.concurrency_key = ''
+                       AND r.at > l.at - q.key_rate_period
+                     ORDER BY r.at, r.seq LIMIT 1), l.seq) END
+            INTO v_at, v_seq, v_starts, v_key_starts
+            FROM (SELECT greatest(p_now, r.at) AS at, r.seq FROM job_rate AS r
+                  WHERE r.queue = q.name AND r.concurrency_key = ''
+                  ORDER BY r.at DESC, r.seq DESC LIMIT 1) AS l
+            CROSS JOIN LATERAL (
+                SELECT CASE WHEN q.rate_max_starts IS NOT NULL THEN l.seq - coalesce(
+                    (SELECT r.seq - r.n FROM job_rate AS r
+                     WHERE r.queue = q.name AND r.concurrency_key = ''
+                       AND r.at > l.at - q.rate_period
+                     ORDER BY r.at, r.seq LIMIT 1), l.seq) ELSE 0 END AS starts
+            ) AS w;
+            IF NOT FOUND THEN  -- no start row: no starts in any window
+                v_at := p_now;
+                v_seq := 0;
+                v_starts := 0;
+                v_key_starts := 0;
+            END IF;
+        END IF;
         v_budget := least(v_free, q.max_running - v_running, q.rate_max_starts - v_starts);
         CONTINUE WHEN v_budget <= 0;
         v_keys_running := coalesce(v_running + v_budget > q.max_running_per_key, false);
