@@ -103,9 +103,12 @@ END $$;
 -- later time keeps every window's starts in order, so the count is exact at every instant.
 CREATE FUNCTION job_claimable(p_queues text[], p_slots integer[], p_now timestamptz)
 RETURNS TABLE (id bigint, claimed_at timestamptz) LANGUAGE plpgsql VOLATILE
--- a claim never waits for a compiler, nor plans its statements anew at each call (as on the
--- worker's own session, jobq.queue.worker): re-planning them cost more than running them
-SET jit = off SET plan_cache_mode = force_generic_plan
+-- A claim never waits for a compiler, nor plans its statements anew at each call (as on the
+-- worker's own session, jobq.queue.worker): planning them cost more than running them. Every
+-- statement here is meant to probe an index: a plan kept from a session's first claim, made when
+-- job_running was empty, would otherwise scan that table, and its dead rows pile up until the
+-- next vacuum (the scan grew to 0.12 ms in 20,000 jobs).
+SET jit = off SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -164,6 +167,7 @@ BEGIN
                      WHERE r.queue = q.name AND r.concurrency_key = ''
                        AND r.at > l.at - q.rate_period
                      ORDER BY r.at, r.seq LIMIT 1), l.seq) ELSE 0 END AS starts
+                OFFSET 0  -- probed once, not once per use
             ) AS w;
             IF NOT FOUND THEN  -- no start row: no starts in any window
                 v_at := p_now;
