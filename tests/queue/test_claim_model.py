@@ -158,10 +158,10 @@ async def test_the_claim_takes_exactly_the_jobs_the_rule_names(
 
     assert claimed_total > 150  # the claims did take jobs, under every limit
     assert walked > 5  # and the head of the line was held back often enough to walk the keys
-    ways = await conn.fetchrow(
-        "SELECT count(*) FILTER (WHERE keys IS NOT NULL) AS folded,"
-        " count(*) FILTER (WHERE concurrency_key <> '') AS per_key FROM job_rate"
-    )
+    folded, per_key = await conn.fetchrow(
+        "SELECT count(*) FILTER (WHERE keys IS NOT NULL),"
+        " count(*) FILTER (WHERE concurrency_key <> '') FROM job_rate"
+    ) or (0, 0)
     # both ways of writing a claim's starts were taken
-    assert ways["folded"] > 0
-    assert ways["per_key"] > 0
+    assert folded > 0
+    assert per_key > 0

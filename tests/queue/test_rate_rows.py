@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from jobq import db
@@ -33,7 +34,7 @@ async def claim_at(
     )
 
 
-async def enqueue_keyed(keys: list[str | None]) -> None:
+async def enqueue_keyed(keys: Sequence[str | None]) -> None:
     """One ripe job per item of `keys`, in that order in the line."""
     await enqueue_many(
         [
