@@ -326,8 +326,8 @@ def _claiming(record: str, recorded: str) -> Query:
     ripe jobs for `worker` in one go: up to `slots[i]` jobs of queue `queues[i]` (the jobs whose
     outcome is recorded free the slots that the claim fills). Paused queues are skipped. A queue
     without limits is claimed here, from its line (`job_claim_idx`); the jobs of queues with
-    limits are chosen by `job_claimable` (sql/005_queues.sql), which makes their claims take
-    turns and writes their starts to the rate windows (`job_rate`).
+    limits are chosen by `job_claimable` (sql/013_limits_cheaper.sql), which makes their claims
+    take turns and writes their starts to the rate windows (`job_rate`).
     It returns the claimed jobs, then one row per recorded token (id NULL), then one row (id
     and token NULL) whose `ripe_at` is when a claim of the queues it did not fill (fewer ripe
     jobs than free slots) may next find work: their earliest `ripe_at` after `:now`, or the

@@ -131,8 +131,15 @@ class Worker:
         # A session of its own: straight to the server when the pool goes through a pooler.
         conn = await db.connect(
             self.database.direct_dsn,
-            # JIT compiling the claim (its estimates can look big) costs far more than running it
-            server_settings={"plan_cache_mode": "force_generic_plan", "jit": "off"},
+            # JIT compiling the claim (its estimates can look big) costs far more than running it.
+            # Index scans only: the generic plan is made at the first claim, often on an empty
+            # queue, and there a scan of `job` looks cheapest; kept, it read every queued job at
+            # each claim (1.2 ms of the claim's 1.4 at 20,000 queued) until an analyze replanned.
+            server_settings={
+                "plan_cache_mode": "force_generic_plan",
+                "jit": "off",
+                "enable_seqscan": "off",
+            },
             command_timeout=self.settings.db_command_timeout.total_seconds(),
         )
         try:
