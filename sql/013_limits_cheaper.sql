@@ -97,6 +97,38 @@ END $$;
 -- the head of the line (four times the budget); only when that head is held back too much to
 -- fill the budget does it walk the queue's keys (job_key_idx), reading each key's allowance.
 --
+-- The first p_limit ripe jobs of queue p_queue's line (priority, then ripe_at), read one
+-- priority at a time, highest first: one index probe finds the next priority, then that
+-- priority's ripe jobs in order (job_claim_idx). Read as one range, `ripe_at <= p_now` would step
+-- over every job scheduled later whenever fewer are ripe than p_limit (ten million reminders
+-- due next year: seconds per idle claim). The same walk as the claim of a queue without limits
+-- (jobq.queue.sql._claiming). No row is locked: job_claimable, whose settings it runs under,
+-- locks the ones it takes (its claims of a queue take turns, so none is lost to another's lock).
+CREATE FUNCTION job_line(p_queue text, p_now timestamptz, p_limit integer)
+RETURNS TABLE (id bigint, concurrency_key text, priority smallint, ripe_at timestamptz)
+LANGUAGE plpgsql STABLE
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH RECURSIVE priorities AS (
+        (SELECT j.priority FROM job AS j WHERE j.queue = p_queue
+         ORDER BY j.priority DESC LIMIT 1)
+        UNION ALL
+        SELECT (SELECT j.priority FROM job AS j
+                WHERE j.queue = p_queue AND j.priority < p.priority
+                ORDER BY j.priority DESC LIMIT 1)
+        FROM priorities AS p WHERE p.priority IS NOT NULL
+    )
+    SELECT r.id, r.concurrency_key, r.priority, r.ripe_at FROM priorities AS p
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.concurrency_key, j.priority, j.ripe_at FROM job AS j
+        WHERE j.queue = p_queue AND j.priority = p.priority AND j.ripe_at <= p_now
+        ORDER BY j.ripe_at LIMIT p_limit
+    ) AS r
+    LIMIT p_limit;
+END $$;
+
 -- A claim's start time in the rate windows is p_now, or the queue's last claim's if that is
 -- later: a worker reads its clock before it waits for the queue's turn, so a claim that read it
 -- earlier may come after one that read it later (and hosts' clocks differ a little). Taking the
@@ -186,15 +218,15 @@ BEGIN
             IF NOT v_rated THEN
                 RETURN QUERY
                 SELECT j.id, v_at FROM job AS j
-                WHERE j.queue = q.name AND j.ripe_at <= p_now
-                ORDER BY j.priority DESC, j.ripe_at LIMIT v_budget FOR UPDATE SKIP LOCKED;
+                WHERE j.id = ANY(ARRAY(SELECT l.id FROM job_line(q.name, p_now, v_budget) AS l))
+                FOR UPDATE SKIP LOCKED;
                 CONTINUE;
             END IF;
             RETURN QUERY
             WITH c AS (
                 SELECT j.id, j.concurrency_key FROM job AS j
-                WHERE j.queue = q.name AND j.ripe_at <= p_now
-                ORDER BY j.priority DESC, j.ripe_at LIMIT v_budget FOR UPDATE SKIP LOCKED
+                WHERE j.id = ANY(ARRAY(SELECT l.id FROM job_line(q.name, p_now, v_budget) AS l))
+                FOR UPDATE SKIP LOCKED
             ), started AS (
                 INSERT INTO job_rate (queue, concurrency_key, at, seq, n, keys)
                 SELECT q.name, '', v_at, v_seq + count(*), count(*),
@@ -210,9 +242,7 @@ BEGIN
         WITH head AS (
             SELECT h.id, h.concurrency_key AS key,
                    row_number() OVER (ORDER BY h.priority DESC, h.ripe_at) AS place
-            FROM (SELECT j.id, j.concurrency_key, j.priority, j.ripe_at FROM job AS j
-                  WHERE j.queue = q.name AND j.ripe_at <= p_now
-                  ORDER BY j.priority DESC, j.ripe_at LIMIT 4 * v_budget) AS h
+            FROM job_line(q.name, p_now, 4 * v_budget) AS h
         ), ranked AS (
             SELECT h.*, row_number() OVER (PARTITION BY h.key ORDER BY h.place) AS nth
             FROM head AS h
