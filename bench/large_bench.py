@@ -13,7 +13,8 @@ What is timed, exactly:
   (`jobq.queue.enqueue`) by one producer, into the big table's indexes.
 - `pickup_p50_ms`/`pickup_p99_ms`: one worker process serving `default` (16 slots), idle over
   its 10,000,000 scheduled jobs; `PICKUP_JOBS` `bench_stamp` jobs enqueued on it at
-  `PICKUP_RATE_PER_S`, each in its own transaction: handler start minus the enqueue's commit.
+  50 per second, each in its own transaction (`bench.queue_bench.pickups`): handler start minus
+  the enqueue's commit.
 - `snapshot_ms`: the depth snapshot that one worker takes every few seconds (and then waits 20
   times as long): the one count over `job`, per queue and job type.
 - `stats_ms` and `check_ms`: `jobq.queue.store.stats` (what `GET /jobs/stats` reads) and
@@ -23,25 +24,21 @@ What is timed, exactly:
 
 from __future__ import annotations
 
-import asyncio
 import time
 from datetime import timedelta
 
 from bench.bigdata import fill_queued
 from bench.context import Context, Figures
-from bench.handlers import STAMP
 from bench.loadgen import percentile
-from bench.queue_bench import _stamps
+from bench.queue_bench import pickups
 from jobq import check, clock, db
 from jobq.queue import Job, enqueue, metrics, sql, store
-from tests.toolkit.procs import registered
 
 SCHEDULED = 10_000_000
 BACKLOG = 100_000
 CLAIMS = 200
 ENQUEUES = 2_000
 PICKUP_JOBS = 300
-PICKUP_RATE_PER_S = 50.0
 
 _filled: dict[str, float] = {}
 """The seconds the fill of each benchmark database took (by dsn): it is filled once."""
@@ -122,23 +119,7 @@ async def _claims(conn: db.Connection, queue: str) -> list[float]:
 
 async def _pickup(ctx: Context) -> Figures:
     proc = ctx.spawn("worker", "large-pickup", JOBQ_QUEUES="default:16")
-    committed_s: dict[int, float] = {}
-    try:
-        async with ctx.connection() as conn:
-            await registered(conn, proc)
-            async with ctx.jobq_database():
-                start = time.perf_counter()
-                for seq in range(PICKUP_JOBS):
-                    delay = start + seq / PICKUP_RATE_PER_S - time.perf_counter()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    job = Job(job_type=STAMP, arguments={"seq": seq, "run": str(ctx.run)})
-                    enqueued = await enqueue(job)
-                    committed_s[enqueued.id] = time.time()
-            stamps = await _stamps(conn, PICKUP_JOBS, within_s=60, proc=proc)
-    finally:
-        await proc.stop()
-    return _summary("pickup", [started - committed_s[job_id] for job_id, started, _ in stamps])
+    return _summary("pickup", await pickups(ctx, proc, PICKUP_JOBS, within_s=60))
 
 
 def _summary(name: str, seconds: list[float]) -> Figures:

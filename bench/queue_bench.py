@@ -195,24 +195,7 @@ async def _stamps(conn: Connection, count: int, *, within_s: float, proc: Proc) 
 
 async def pickup_latency(ctx: Context) -> list[Figures]:
     await ctx.database.reset()
-    proc = ctx.spawn("worker", "pickup")
-    committed_s: dict[int, float] = {}
-    try:
-        async with ctx.connection() as conn:
-            await registered(conn, proc)
-            async with ctx.jobq_database():
-                start = time.perf_counter()
-                for seq in range(PICKUP_JOBS):
-                    delay = start + seq / PICKUP_RATE_PER_S - time.perf_counter()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    job = Job(job_type=STAMP, arguments={"seq": seq, "run": str(ctx.run)})
-                    enqueued = await enqueue(job)  # its own transaction, committed on return
-                    committed_s[enqueued.id] = time.time()
-            stamps = await _stamps(conn, PICKUP_JOBS, within_s=30, proc=proc)
-    finally:
-        await proc.stop()
-    latencies = [started - committed_s[job_id] for job_id, started, _ in stamps]
+    latencies = await pickups(ctx, ctx.spawn("worker", "pickup"), PICKUP_JOBS, within_s=30)
     return [
         {
             "p50_ms": _ms(percentile(latencies, 50)),
@@ -221,6 +204,30 @@ async def pickup_latency(ctx: Context) -> list[Figures]:
             "max_ms": _ms(max(latencies)),
         }
     ]
+
+
+async def pickups(ctx: Context, proc: Proc, count: int, *, within_s: float) -> list[float]:
+    """Once the worker `proc` has registered, enqueue `count` `bench_stamp` jobs, each in its own
+    transaction, at `PICKUP_RATE_PER_S`; wait (at most `within_s` seconds) until they have all
+    run, stop `proc`, and return each job's pickup latency in seconds: the handler's first
+    wall-clock reading minus the producer's right after the enqueue's COMMIT returned."""
+    committed_s: dict[int, float] = {}
+    try:
+        async with ctx.connection() as conn:
+            await registered(conn, proc)
+            async with ctx.jobq_database():
+                start = time.perf_counter()
+                for seq in range(count):
+                    delay = start + seq / PICKUP_RATE_PER_S - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    job = Job(job_type=STAMP, arguments={"seq": seq, "run": str(ctx.run)})
+                    enqueued = await enqueue(job)  # its own transaction, committed on return
+                    committed_s[enqueued.id] = time.time()
+            stamps = await _stamps(conn, count, within_s=within_s, proc=proc)
+    finally:
+        await proc.stop()
+    return [started - committed_s[job_id] for job_id, started, _ in stamps]
 
 
 async def scheduled_lateness(ctx: Context) -> list[Figures]:
