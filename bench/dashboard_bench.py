@@ -16,11 +16,12 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from bench.bigdata import fill_finished, fill_queued
+from bench.bigdata import fill_finished, fill_queued, filled_once
 from bench.context import Context, Figures
 from bench.loadgen import percentile
 from jobq.app import create_app
 from jobq.config import Settings
+from jobq.db import Connection
 
 QUEUED = 1_000_000
 FINISHED = 10_000_000
@@ -31,48 +32,44 @@ RARE_REQUESTS = 3
 TOKEN = "bench-admin-token-0123456789"  # noqa: S105 (a benchmark's own)
 
 
-async def _fill(ctx: Context) -> dict[str, int]:
-    """Fill the tables (after a reset); return ids to look at: a finished job, a dead one."""
-    await ctx.database.reset()
+async def _fill(conn: Connection) -> None:
+    """Fill the tables: 1M queued, 10M finished, `DEAD` dead jobs with two failed attempts."""
     now = datetime.now(UTC)
-    async with ctx.connection() as conn:
-        await fill_queued(conn, ripe=QUEUED // 2, scheduled=QUEUED // 2, now=now)
-        await fill_finished(conn, count=FINISHED, now=now)
-        top = await conn.fetchval("SELECT max(id) FROM job_done")
-        await conn.execute(
-            """
-            INSERT INTO job_dead (id, job_type, arguments, priority, attempts, max_retries,
-                                  last_error, created_at, died_at, queue)
-            SELECT $1::bigint + g, 'bench_mail', jsonb_build_object('to', g), 0, 2, 1,
-                   'RuntimeError: SMTP 550: mailbox unavailable', $2, $2, 'default'
-            FROM generate_series(1, $3::bigint) AS g
-            """,
-            top,
-            now - timedelta(hours=1),
-            DEAD,
-        )
-        await conn.execute(
-            """
-            INSERT INTO job_attempt (job_id, attempt, worker_id, error, traceback, failed_at)
-            SELECT $1::bigint + g, a, NULL, 'RuntimeError: SMTP 550: mailbox unavailable',
-                   'Traceback (most recent call last): ...', $2
-            FROM generate_series(1, $3::bigint) AS g, generate_series(1, 2) AS a
-            """,
-            top,
-            now - timedelta(hours=1),
-            DEAD,
-        )
-        await conn.execute("ANALYZE job_dead; ANALYZE job_attempt")
-        return {"finished": top // 2, "dead": top + DEAD // 2}
+    await fill_queued(conn, ripe=QUEUED // 2, scheduled=QUEUED // 2, now=now)
+    await fill_finished(conn, count=FINISHED, now=now)
+    top = await conn.fetchval("SELECT max(id) FROM job_done")
+    await conn.execute(
+        """
+        INSERT INTO job_dead (id, job_type, arguments, priority, attempts, max_retries,
+                              last_error, created_at, died_at, queue)
+        SELECT $1::bigint + g, 'bench_mail', jsonb_build_object('to', g), 0, 2, 1,
+               'RuntimeError: SMTP 550: mailbox unavailable', $2, $2, 'default'
+        FROM generate_series(1, $3::bigint) AS g
+        """,
+        top,
+        now - timedelta(hours=1),
+        DEAD,
+    )
+    await conn.execute(
+        """
+        INSERT INTO job_attempt (job_id, attempt, worker_id, error, traceback, failed_at)
+        SELECT $1::bigint + g, a, NULL, 'RuntimeError: SMTP 550: mailbox unavailable',
+               'Traceback (most recent call last): ...', $2
+        FROM generate_series(1, $3::bigint) AS g, generate_series(1, 2) AS a
+        """,
+        top,
+        now - timedelta(hours=1),
+        DEAD,
+    )
+    await conn.execute("ANALYZE job_dead; ANALYZE job_attempt")
 
 
 async def dashboard_pages(ctx: Context) -> list[Figures]:
     """Each page's server time (p50, p99 in ms over `REQUESTS` requests) at size."""
-    ids = await _fill(ctx) if ctx.run == 1 else None
-    if ids is None:
-        async with ctx.connection() as conn:
-            top = await conn.fetchval("SELECT max(id) FROM job_dead")
-            ids = {"finished": (top - DEAD) // 2, "dead": top - DEAD // 2}
+    await filled_once(ctx, "dashboard_pages", _fill)
+    async with ctx.connection() as conn:  # a finished job and a dead one to look at
+        top = await conn.fetchval("SELECT max(id) FROM job_dead")
+    ids = {"finished": (top - DEAD) // 2, "dead": top - DEAD // 2}
     pages = {
         "overview": "/dashboard/",
         "jobs": "/dashboard/jobs",

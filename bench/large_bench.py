@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
-from bench.bigdata import fill_queued
+from bench.bigdata import fill_queued, filled_once
 from bench.context import Context, Figures
 from bench.loadgen import percentile
 from bench.queue_bench import pickups
@@ -40,30 +40,24 @@ CLAIMS = 200
 ENQUEUES = 2_000
 PICKUP_JOBS = 300
 
-_filled: dict[str, float] = {}
-"""The seconds the fill of each benchmark database took (by dsn): it is filled once."""
+
+async def _fill(conn: db.Connection) -> None:
+    now = clock.now()
+    await fill_queued(conn, ripe=0, scheduled=SCHEDULED, now=now)
+    await conn.execute(
+        """
+        INSERT INTO job (job_type, arguments, ripe_at, max_retries, created_at, queue)
+        SELECT 'bench_noop', jsonb_build_object('backlog', g), $1, 3, $1, 'bench_backlog'
+        FROM generate_series(1, $2::int) AS g
+        """,
+        now - timedelta(minutes=1),
+        BACKLOG,
+    )
 
 
 async def large_queue(ctx: Context) -> list[Figures]:
-    figures: Figures = {}
+    figures: Figures = {"fill_s": await filled_once(ctx, "large_queue", _fill)}
     async with ctx.connection() as conn:
-        if ctx.dsn not in _filled:
-            await ctx.database.reset()
-            now = clock.now()
-            fill_s = await fill_queued(conn, ripe=0, scheduled=SCHEDULED, now=now)
-            started = time.perf_counter()
-            await conn.execute(
-                """
-                INSERT INTO job (job_type, arguments, ripe_at, max_retries, created_at, queue)
-                SELECT 'bench_noop', jsonb_build_object('backlog', g), $1, 3, $1, 'bench_backlog'
-                FROM generate_series(1, $2::int) AS g
-                """,
-                now - timedelta(minutes=1),
-                BACKLOG,
-            )
-            await conn.execute("VACUUM ANALYZE job")
-            _filled[ctx.dsn] = round(fill_s + time.perf_counter() - started, 1)
-        figures["fill_s"] = _filled[ctx.dsn]
         await conn.execute("DELETE FROM job WHERE queue = 'bench_enqueue'")
         await conn.execute("TRUNCATE bench_event, job_running, job_depth, job_type_depth")
     async with ctx.jobq_database() as database:  # as the elected worker does every few seconds

@@ -17,10 +17,11 @@ from datetime import timedelta
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.bigdata import fill_finished, fill_queued
+from bench.bigdata import fill_finished, fill_queued, filled_once
 from bench.context import Context, Figures
 from bench.loadgen import percentile
 from jobq import clock
+from jobq.db import Connection
 from jobq.queue import metrics
 from tests.toolkit.procs import free_port, http_ready
 
@@ -32,21 +33,16 @@ SCRAPES = 200
 WARMUP = 10
 ADMIN_TOKEN = "bench-metrics-admin-token"  # noqa: S105 (a benchmark value)
 
-_filled: dict[str, float] = {}
-"""The seconds the fill of each benchmark database took (by dsn): it is filled once."""
+
+async def _fill(conn: Connection) -> None:
+    now = clock.now()
+    await fill_queued(conn, ripe=QUEUED // 2, scheduled=QUEUED // 2, now=now)
+    await fill_finished(conn, count=FINISHED, now=now)
 
 
 async def metrics_scrape(ctx: Context) -> list[Figures]:
-    figures: Figures = {}
+    figures: Figures = {"fill_s": await filled_once(ctx, "metrics_scrape", _fill)}
     async with ctx.connection() as conn:
-        if ctx.dsn not in _filled:
-            await ctx.database.reset()
-            now = clock.now()
-            fill_s = await fill_queued(conn, ripe=QUEUED // 2, scheduled=QUEUED // 2, now=now)
-            fill_s += await fill_finished(conn, count=FINISHED, now=now)
-            await conn.execute("VACUUM ANALYZE job")
-            _filled[ctx.dsn] = round(fill_s, 1)
-        figures["fill_s"] = _filled[ctx.dsn]
         await conn.execute("DELETE FROM job_depth")  # no last snapshot: this one is taken
         async with ctx.jobq_database() as database:
             started = time.perf_counter()

@@ -87,9 +87,7 @@ async def check(
     Raises: `asyncpg.PostgresError` (e.g. an unmigrated database).
     """
     async with conn.transaction(isolation="repeatable_read", readonly=True):
-        counted_at = None
-        if await sql.job_count_over.fetchval(conn, max_count=store.LIVE_COUNT_MAX):
-            counted_at = await sql.job_depth_taken_at.fetchval(conn)
+        counted_at = await store.snapshot_counts(conn)
         counts = await sql.check_counts.fetchrow(
             conn, now=now, heartbeat_grace=heartbeat_grace, counted=counted_at is not None
         )

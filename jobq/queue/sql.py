@@ -321,6 +321,20 @@ job_record = Query(f"""WITH {_RECORD}
 SELECT token FROM recorded WHERE {NOTIFY_ENDED.format(source="ended")}""")
 
 
+def _next_ripe_at(queues: str, rated: str) -> str:
+    """When a claim of the queues named by `queues` (a query of a `name` column) may next find
+    work after `:now`: the earliest `ripe_at` after it of their jobs (one probe of
+    job_ripe_at_idx each), or the moment a full rate window of those named by `rated` opens,
+    whichever comes first (NULL: neither). The rate windows are read only when `rated` names
+    a queue: job_rate_opens_at is planned anew at each call (a few tenths of a millisecond)."""
+    return f"""least(
+    (SELECT min(n.ripe_at) FROM ({queues}) AS u CROSS JOIN LATERAL (
+         SELECT ripe_at FROM job WHERE job.queue = u.name AND ripe_at > :now
+         ORDER BY ripe_at LIMIT 1) AS n),
+    CASE WHEN EXISTS ({rated}) THEN job_rate_opens_at(ARRAY({rated}), :now::timestamptz) END
+)"""
+
+
 def _claiming(record: str, recorded: str) -> Query:
     """A statement that records outcomes (CTEs `record`, tokens in CTE `recorded`) and claims
     ripe jobs for `worker` in one go: up to `slots[i]` jobs of queue `queues[i]` (the jobs whose
@@ -391,14 +405,9 @@ WITH {record}, q AS (
 ), upcoming AS (
     -- when a claim of the queues this one left slots free in may next find work (the worker's
     -- timer), as `job_next_ripe_at` tells, with no second statement to ask it; the rate
-    -- windows (a function that costs a few tenths of a millisecond) only of limited queues
-    SELECT least(
-        (SELECT min(n.ripe_at) FROM unfilled AS u CROSS JOIN LATERAL (
-             SELECT ripe_at FROM job WHERE job.queue = u.name AND ripe_at > :now
-             ORDER BY ripe_at LIMIT 1) AS n),
-        CASE WHEN EXISTS (SELECT FROM unfilled WHERE limited) THEN job_rate_opens_at(
-            ARRAY(SELECT name FROM unfilled WHERE limited), :now::timestamptz) END
-    ) AS ripe_at
+    -- windows only of limited queues
+    SELECT {_next_ripe_at("SELECT name FROM unfilled", "SELECT name FROM unfilled WHERE limited")}
+           AS ripe_at
 )
 SELECT * FROM running
 UNION ALL
@@ -529,13 +538,8 @@ SELECT count(*) FROM orphans WHERE {NOTIFY_ENDED.format(source="ended")}
 
 # When the next claim of these queues may find work: the earliest ripe_at
 # after now, or the moment a full rate window (`job_rate`) lets one more job start.
-job_next_ripe_at = Query("""
-SELECT least(
-    (SELECT min(n.ripe_at) FROM unnest(:queues::text[]) AS q(name) CROSS JOIN LATERAL (
-         SELECT ripe_at FROM job WHERE job.queue = q.name AND ripe_at > :now
-         ORDER BY ripe_at LIMIT 1) AS n),
-    job_rate_opens_at(:queues::text[], :now::timestamptz)
-)
+job_next_ripe_at = Query(f"""
+SELECT {_next_ripe_at("SELECT unnest(:queues::text[]) AS name", "SELECT unnest(:queues::text[])")}
 """)
 
 # Forget the starts older than their window's period, and a minute more: a claim that read its

@@ -415,21 +415,28 @@ counting `job` costs a second per few million jobs, and they read the depth snap
 counting) instead."""
 
 
+async def snapshot_counts(conn: Connection, *, max_count: int | None = None) -> datetime | None:
+    """When the queued jobs are to be read from the last depth snapshot rather than counted: its
+    time (aware UTC) while `job` holds more than `max_count` jobs (None: `LIVE_COUNT_MAX`) and a
+    snapshot exists (`jobq.queue.metrics.take_depth_snapshot`, every few seconds by one
+    worker); else None, they are counted now (a small queue, or no snapshot yet)."""
+    max_count = LIVE_COUNT_MAX if max_count is None else max_count
+    if not await sql.job_count_over.fetchval(conn, max_count=max_count):
+        return None
+    taken_at: datetime | None = await sql.job_depth_taken_at.fetchval(conn)
+    return taken_at
+
+
 async def stats(
     conn: Connection, *, now: datetime, max_count: int | None = None
 ) -> tuple[list[dict[str, Any]], datetime | None]:
     """Return per job type (by name) its `ripe` and `scheduled` queued jobs, `running` and
     `dead`, and when the queued ones were counted: None when counted now, at `now` (aware UTC),
-    which they are while `job` holds at most `max_count` jobs (None: `LIVE_COUNT_MAX`); past
-    that, as the last depth
-    snapshot counted them (`jobq.queue.metrics.take_depth_snapshot`, every few seconds by one
-    worker), and its time. Running and dead jobs are always counted now. With no snapshot yet,
-    everything is counted now, whatever it costs."""
-    max_count = LIVE_COUNT_MAX if max_count is None else max_count
-    if await sql.job_count_over.fetchval(conn, max_count=max_count):
-        counted_at: datetime | None = await sql.job_depth_taken_at.fetchval(conn)
-        if counted_at is not None:
-            return [dict(r) for r in await sql.job_stats_counted.fetch(conn)], counted_at
+    else the time of the depth snapshot they come from (`snapshot_counts`, with `max_count`).
+    Running and dead jobs are always counted now."""
+    counted_at = await snapshot_counts(conn, max_count=max_count)
+    if counted_at is not None:
+        return [dict(r) for r in await sql.job_stats_counted.fetch(conn)], counted_at
     return [dict(r) for r in await sql.job_stats.fetch(conn, now=now)], None
 
 

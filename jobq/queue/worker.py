@@ -74,8 +74,8 @@ class Worker:
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._claim_lock = asyncio.Lock()
-        self._claimed_up_to: datetime | None = None
-        """The time of the last round's claim: jobs ripe by then were claimed or locked."""
+        self._claimed = False
+        """The last round claimed (else it only recorded outcomes, or did nothing)."""
         self._next_ripe_at: datetime | None = None
         """What the last round's claim said of the queues it did not fill: when a claim of
         theirs may next find work (None: nothing queued there, no rate window to wait for)."""
@@ -265,7 +265,7 @@ class Worker:
         """
         poll = self.settings.poll_interval.total_seconds()
         now = clock.now()
-        if self._claimed_up_to is not None:  # the claim said (the usual case)
+        if self._claimed:  # the claim said (the usual case)
             upcoming = self._next_ripe_at
         else:
             queues = [name for name, free in self.slots.free().items() if free > 0]
@@ -336,7 +336,7 @@ class Worker:
         Raises: `asyncpg.PostgresError` / `OSError` (the outcomes wait for the next round).
         """
         async with self._claim_lock:
-            self._claimed_up_to = None
+            self._claimed = False
             self._filled = set()
             batch = self.acker.take()
             claiming = not self._stopping.is_set() and self.alive and self.id is not None
@@ -370,7 +370,7 @@ class Worker:
             self.acker.settle(batch, recorded)
             self._recheck = bool(free) and any(job.queue in self._limited for job, _ in batch)
             if free:
-                self._claimed_up_to = now
+                self._claimed = True
                 self._next_ripe_at = next_ripe_at
                 taken = Counter(job.queue for job in jobs)
                 self._filled = {name for name, n in free.items() if taken[name] >= n}
