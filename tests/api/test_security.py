@@ -518,6 +518,7 @@ ALLOWED_BUILT_SQL = {
     ("jobq/queue/sql.py", "_back_to_queue"): "called at import only, with constant fragments",
     ("jobq/queue/sql.py", "_claiming"): "called at import only, with constant fragments",
     ("jobq/queue/sql.py", "_into_done"): "called at import only, with constant fragments",
+    ("jobq/queue/sql.py", "_next_ripe_at"): "called at import only, with constant fragments",
     ("jobq/queue/sql.py", "_views"): "called at import only, with constant fragments",
     ("jobq/queue/maintenance.py", "prune_finished"): "DDL takes no parameter; the partition's "
     "name is `job_done_p` and a date's %Y%m%d, read back from the catalog",
