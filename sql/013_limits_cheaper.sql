@@ -98,10 +98,11 @@ END $$;
 -- fill the budget does it walk the queue's keys (job_key_idx), reading each key's allowance.
 --
 -- The first p_limit ripe jobs of queue p_queue's line (priority, then ripe_at), read one
--- priority at a time, highest first: one index probe finds the next priority, then that
--- priority's ripe jobs in order (job_claim_idx). Read as one range, `ripe_at <= p_now` would step
--- over every job scheduled later whenever fewer are ripe than p_limit (ten million reminders
--- due next year: seconds per idle claim). The same walk as the claim of a queue without limits
+-- priority at a time, highest first: one index probe finds the next priority and its first job,
+-- then that priority's ripe jobs in order from there (job_claim_idx), past the index entries of
+-- jobs already gone. Read as one range, `ripe_at <= p_now` would step over every job scheduled
+-- later whenever fewer are ripe than p_limit (ten million reminders due next year: seconds per
+-- idle claim). The same walk as the claim of a queue without limits
 -- (jobq.queue.sql._claiming). No row is locked: job_claimable, whose settings it runs under,
 -- locks the ones it takes (its claims of a queue take turns, so none is lost to another's lock).
 CREATE FUNCTION job_line(p_queue text, p_now timestamptz, p_limit integer)
@@ -112,18 +113,19 @@ AS $$
 BEGIN
     RETURN QUERY
     WITH RECURSIVE priorities AS (
-        (SELECT j.priority FROM job AS j WHERE j.queue = p_queue
-         ORDER BY j.priority DESC LIMIT 1)
+        (SELECT j.priority, j.ripe_at FROM job AS j WHERE j.queue = p_queue
+         ORDER BY j.priority DESC, j.ripe_at LIMIT 1)
         UNION ALL
-        SELECT (SELECT j.priority FROM job AS j
-                WHERE j.queue = p_queue AND j.priority < p.priority
-                ORDER BY j.priority DESC LIMIT 1)
-        FROM priorities AS p WHERE p.priority IS NOT NULL
+        SELECT n.priority, n.ripe_at FROM priorities AS p CROSS JOIN LATERAL (
+            SELECT j.priority, j.ripe_at FROM job AS j
+            WHERE j.queue = p_queue AND j.priority < p.priority
+            ORDER BY j.priority DESC, j.ripe_at LIMIT 1) AS n
     )
     SELECT r.id, r.concurrency_key, r.priority, r.ripe_at FROM priorities AS p
     CROSS JOIN LATERAL (
         SELECT j.id, j.concurrency_key, j.priority, j.ripe_at FROM job AS j
-        WHERE j.queue = p_queue AND j.priority = p.priority AND j.ripe_at <= p_now
+        WHERE j.queue = p_queue AND j.priority = p.priority
+          AND j.ripe_at >= p.ripe_at AND j.ripe_at <= p_now
         ORDER BY j.ripe_at LIMIT p_limit
     ) AS r
     LIMIT p_limit;

@@ -366,22 +366,25 @@ WITH {record}, q AS (
         UNION ALL
         SELECT j.id FROM q CROSS JOIN LATERAL (
             -- the queue's line one priority at a time, highest first (a skip scan: one index
-            -- probe finds the next priority), so the claim reads the ripe jobs it takes and
-            -- never walks the jobs scheduled later: one range scan of (queue, priority DESC,
-            -- ripe_at) with `ripe_at <= :now` would read them all whenever fewer jobs are ripe
-            -- than free slots
+            -- probe finds the next priority and its first job), so the claim reads the ripe
+            -- jobs it takes and never walks the jobs scheduled later: one range scan of (queue,
+            -- priority DESC, ripe_at) with `ripe_at <= :now` would read them all whenever fewer
+            -- jobs are ripe than free slots. Each priority's scan starts at the first job its
+            -- probe saw, past the index entries of jobs already gone (dead rows a long
+            -- transaction elsewhere keeps from vacuum): they are stepped over once, not twice.
             WITH RECURSIVE priorities AS (
-                (SELECT priority FROM job WHERE job.queue = q.name
-                 ORDER BY priority DESC LIMIT 1)
+                (SELECT priority, ripe_at FROM job WHERE job.queue = q.name
+                 ORDER BY priority DESC, ripe_at LIMIT 1)
                 UNION ALL
-                SELECT (SELECT job.priority FROM job
-                        WHERE job.queue = q.name AND job.priority < p.priority
-                        ORDER BY job.priority DESC LIMIT 1)
-                FROM priorities AS p WHERE p.priority IS NOT NULL
+                SELECT n.priority, n.ripe_at FROM priorities AS p CROSS JOIN LATERAL (
+                    SELECT job.priority, job.ripe_at FROM job
+                    WHERE job.queue = q.name AND job.priority < p.priority
+                    ORDER BY job.priority DESC, job.ripe_at LIMIT 1) AS n
             )
             SELECT r.id FROM priorities AS p CROSS JOIN LATERAL (
                 SELECT id FROM job
-                WHERE job.queue = q.name AND job.priority = p.priority AND ripe_at <= :now
+                WHERE job.queue = q.name AND job.priority = p.priority
+                  AND ripe_at >= p.ripe_at AND ripe_at <= :now
                 ORDER BY ripe_at
                 LIMIT q.free
                 FOR UPDATE SKIP LOCKED
