@@ -47,6 +47,23 @@ DATABASE_DOWN = (
 """Errors that mean the database is unreachable (mapped to 503), not that a request is wrong."""
 
 
+def database_down(exc: BaseException) -> bool:
+    """True when `exc` means that the database is unreachable or went away (503), not that the
+    request or the code is wrong (500): one of `DATABASE_DOWN`, or asyncpg's bare
+    `InternalClientError`.
+
+    asyncpg raises the latter ("cannot switch to state 15; another operation (2) is in
+    progress") when a statement starts on a pooled connection whose server has just ended the
+    session: the server's FATAL error (57P01 on a fast shutdown or `pg_terminate_backend`), read
+    while the connection was idle, leaves the protocol in its error state, and the socket's
+    close, which marks the connection closed, is read a turn of the event loop or two later.
+    The connection is then aborted and the pool replaces it. Its subclasses (`ProtocolError`,
+    `OutdatedSchemaCacheError`, `TargetServerAttributeNotMatched`) are about the data or the
+    configuration, not a lost connection: they stay 500.
+    """
+    return isinstance(exc, DATABASE_DOWN) or type(exc) is asyncpg.InternalClientError
+
+
 def error_body(code: str, detail: Any, status: int) -> Response:
     """The JSON error every failure answers with: `{"error": code, "detail": detail}`."""
     return Response(
@@ -111,7 +128,7 @@ def _register_errors(app: Quart) -> None:
 
     @app.errorhandler(Exception)
     async def unexpected(exc: Exception) -> Response:
-        if isinstance(exc, DATABASE_DOWN):
+        if database_down(exc):
             log.warning("database unavailable: %s", type(exc).__name__)
             return await jobq_error(DatabaseUnavailable())
         log.exception("unhandled error")
