@@ -13,6 +13,7 @@ import contextlib
 import os
 import platform
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,14 +112,23 @@ SELECT (SELECT id FROM job ORDER BY priority DESC, ripe_at LIMIT 1) AS queued,
 dead rows a drain has left behind (a seq scan through them would load the server)."""
 
 
-async def wait_drained(conn: db.Connection, *, within_s: float, proc: Proc | None = None) -> float:
+async def wait_drained(
+    conn: db.Connection,
+    *,
+    within_s: float,
+    proc: Proc | None = None,
+    polls: Counter[str] | None = None,
+) -> float:
     """Wait until `job` and `job_running` are both empty; return the `time.perf_counter()` at
     which that was seen. Polls every 10 ms while jobs are queued, then every 1 ms while the
-    last ones run: the end is seen within about a millisecond.
+    last ones run: the end is seen within about a millisecond. Each poll (one statement, one
+    commit) is counted in `polls["statements"]`.
     Raises `RuntimeError` after `within_s` seconds, or when `proc` exits."""
     deadline = time.perf_counter() + within_s
     while True:
         row = await conn.fetchrow(QUEUE_HEADS)
+        if polls is not None:
+            polls["statements"] += 1
         seen_at = time.perf_counter()
         assert row is not None
         if row["queued"] is None and row["running"] is None:

@@ -244,10 +244,12 @@ class Settings(BaseSettings):
     """`text` lines, or `json`: one object per line, with the job's id, queue, type, attempt and
     worker on the lines about one (`jobq.logs`)."""
     metrics_flush_interval: Seconds = Field(
-        default=timedelta(seconds=1), validation_alias=_env("METRICS_FLUSH_INTERVAL_S")
+        default=timedelta(seconds=5), validation_alias=_env("METRICS_FLUSH_INTERVAL_S")
     )
     """How often a process adds its job counts and timings to the database's (only when it has
-    some): the lag of `/metrics` behind the events (`jobq.queue.metrics`)."""
+    some): the lag of `/metrics` behind the events (`jobq.queue.metrics`). Each busy process
+    flushes once per interval: with 50 workers, 1 s cost the database 50 commits a second
+    (`make bench`, `fleet`); 5 s is still three times a typical scrape's rate."""
     metrics_snapshot_interval: Seconds = Field(
         default=timedelta(seconds=5), validation_alias=_env("METRICS_SNAPSHOT_INTERVAL_S")
     )

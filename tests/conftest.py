@@ -36,7 +36,8 @@ from tests.toolkit.receiver import WebhookReceiver
 TABLES = (
     "job, job_running, job_dead, job_done, job_attempt, job_unique, job_schedule,"
     " job_occurrence, worker, users, reminders,"
-    " exports, api_keys, job_queue, job_rate, job_counter, job_histogram, job_depth, job_trace"
+    " exports, api_keys, job_queue, job_rate, job_counter, job_histogram, job_depth, job_trace,"
+    " job_type_depth, job_leader"
 )
 
 

@@ -31,13 +31,16 @@ class Service:
         self.name = name
         self.interval = interval
         self.run_once = once
+        self.when: Callable[[], bool] | None = None
+        """When set, `run` skips the rounds when it returns False (e.g. not the leader)."""
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Call `run_once()` now and every `interval` until `stop` is set; a failed round is
-        logged and the next one comes as usual."""
+        """Call `run_once()` now and every `interval` until `stop` is set (skipping the rounds
+        when `when()` is False); a failed round is logged and the next one comes as usual."""
         while not stop.is_set():
             try:
-                await self.run_once()
+                if self.when is None or self.when():
+                    await self.run_once()
             except Exception as exc:
                 log.warning("%s failed (%s: %s)", self.name, type(exc).__name__, exc)
             try:

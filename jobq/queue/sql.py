@@ -439,18 +439,34 @@ worker_lock = Query(f"SELECT pg_try_advisory_lock({WORKER_LOCK_CLASS}, :worker_i
 
 worker_unregister = Query("DELETE FROM worker WHERE id = :worker_id")
 
-# :tokens: those the worker holds. Returns how many leases were extended, and the ids of the
-# jobs among them that were cancelled (a worker that missed the notification hears it here).
-worker_heartbeat = Query("""
+# :tokens: those the worker holds. Returns how many leases were extended, the ids of the
+# jobs among them that were cancelled (a worker that missed the notification hears it here),
+# and whether this worker leads the upkeep (`job_leader`, sql/015_leader.sql) until
+# :lead_expires_at: it renews its lead, or takes it from a leader whose lead ran out (hung) or
+# whose liveness lock is gone (dead), with no statement of its own; unless not :offer (it is
+# stopping).
+worker_heartbeat = Query(f"""
 WITH beat AS (
     UPDATE worker SET heartbeat_at = :now WHERE id = :worker_id
+), lead AS (
+    INSERT INTO job_leader AS l (worker_id, expires_at)
+    SELECT :worker_id, :lead_expires_at WHERE :offer
+    ON CONFLICT (id) DO UPDATE SET worker_id = excluded.worker_id, expires_at = excluded.expires_at
+    WHERE l.worker_id = excluded.worker_id OR l.expires_at < :now
+       OR NOT EXISTS (
+           SELECT FROM pg_locks
+           WHERE locktype = 'advisory' AND classid = {WORKER_LOCK_CLASS} AND objsubid = 2
+             AND objid = l.worker_id::oid AND granted
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))
+    RETURNING worker_id
 ), leased AS (
     UPDATE job_running SET lease_expires_at = :lease_expires_at
     WHERE token = ANY(:tokens::bigint[]) AND worker_id = :worker_id
     RETURNING id, cancelled_at
 )
 SELECT count(*) AS leased,
-       coalesce(array_agg(id) FILTER (WHERE cancelled_at IS NOT NULL), '{}') AS cancelled
+       coalesce(array_agg(id) FILTER (WHERE cancelled_at IS NOT NULL), '{{}}') AS cancelled,
+       EXISTS (SELECT FROM lead) AS leader
 FROM leased
 """)
 

@@ -37,15 +37,20 @@ import asyncpg
 from jobq import clock, db, tracing
 from jobq.config import Settings
 from jobq.db import Connection, Database
-from jobq.queue import metrics, notify, schedule, sql, store
+from jobq.queue import hub, metrics, notify, schedule, sql, store
 from jobq.queue.acker import Acker
 from jobq.queue.executor import Executor, describe
+from jobq.queue.hub import Hub
 from jobq.queue.maintenance import Service, pruner, rescuer
 from jobq.queue.model import ClaimedJob
 from jobq.queue.registry import Registry, registry
 from jobq.queue.slots import Slots, has_limits, served_queues
 
 log = logging.getLogger("jobq.worker")
+
+FOLLOWER_POLLS = 3
+"""A follower of its host's hub polls this many times less often than the poll interval: the
+hub's wake-ups and its own poll cover it; the follower's poll is the net under that net."""
 
 
 class Worker:
@@ -71,6 +76,14 @@ class Worker:
         self.counts: Counter[str] = Counter()
         """claimed, completed, retried, buried, released, rejected (stale token), lost_acks."""
         self._listener: asyncpg.Connection[asyncpg.Record] | None = None
+        self._listening = False
+        """The listener LISTENs (this worker is its host's hub, or there is no hub)."""
+        self._hub: Hub | None = None
+        self._hub_woke = False
+        """The hub woke this worker since its last nap."""
+        self.leader = False
+        """This worker leads the fleet's upkeep (rescue, pruning, schedules, the depth snapshot):
+        its last heartbeat took or renewed the lead (`sql.worker_heartbeat`)."""
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._claim_lock = asyncio.Lock()
@@ -113,6 +126,14 @@ class Worker:
         async with self.database.pool.acquire() as conn, conn.transaction():
             await store.declare_queues(conn, specs.values())
             await schedule.declare(conn, self.handlers.schedules(), now=clock.now())
+        if hub.SUPPORTED:
+            self._hub = Hub(
+                hub.hub_address(self.database.direct_dsn),
+                wake=self._woken,
+                cancel=self.cancel_running,
+                listen=self._on_listen,
+            )
+            self._hub.open()
         await self._connect()
         assert self.id is not None
         self.executor.open(self.id)
@@ -150,20 +171,62 @@ class Worker:
             await sql.worker_register.execute(
                 conn, worker_id=self.id, host=socket.gethostname(), pid=os.getpid(), now=clock.now()
             )
-            await conn.add_listener(notify.CHANNEL, self._on_notify)
-            await conn.add_listener(notify.CANCEL_CHANNEL, self._on_cancel)
+            if self._hub is None or self._hub.leading or self._hub.orphaned:
+                await self._listen(conn)
             conn.add_termination_listener(self._on_listener_lost)
         except BaseException:
             await conn.close()
             raise
         self._listener = conn
 
+    async def _listen(self, conn: asyncpg.Connection[asyncpg.Record]) -> None:
+        await conn.add_listener(notify.CHANNEL, self._on_notify)
+        await conn.add_listener(notify.CANCEL_CHANNEL, self._on_cancel)
+        self._listening = True
+
+    def _on_listen(self, on: bool) -> None:
+        """The hub says whether this worker must LISTEN (it became the hub, or its hub does
+        not answer); a listener still to connect LISTENs then."""
+        if self._listener is not None and on != self._listening:
+            asyncio.get_running_loop().create_task(self._relisten(on))
+
+    async def _relisten(self, on: bool) -> None:
+        try:
+            async with self._claim_lock:
+                listener = self._listener
+                if listener is None or listener.is_closed() or self._stopping.is_set():
+                    return
+                if on and not self._listening:
+                    await self._listen(listener)
+                elif not on and self._listening:
+                    await listener.remove_listener(notify.CHANNEL, self._on_notify)
+                    await listener.remove_listener(notify.CANCEL_CHANNEL, self._on_cancel)
+                    self._listening = False
+        except Exception as exc:
+            log.warning("worker %s could not (UN)LISTEN (%s)", self.id, describe(exc))
+            return
+        if on and self._hub is not None and self._hub.leading:
+            self._hub.wake_all()  # notifications may have been missed
+
     def _on_notify(self, *_: object) -> None:
-        self._wake.set()
+        if self._hub is not None and self._hub.leading:
+            self._hub.notified()
+        else:
+            self._wake.set()
 
     def _on_cancel(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
         if isinstance(payload, str) and payload.isdigit():
-            self.cancel_running(int(payload))
+            if self._hub is not None and self._hub.leading:
+                self._hub.cancelled(int(payload))
+            else:
+                self.cancel_running(int(payload))
+
+    def _woken(self) -> None:
+        self._hub_woke = True
+        self._wake.set()
+
+    def _leads(self) -> bool:
+        return self.leader
 
     def cancel_running(self, job_id: int) -> bool:
         """Cancel the handler of job `job_id` if this worker runs it (`Executor.cancel`): the
@@ -177,6 +240,7 @@ class Worker:
         if not self._stopping.is_set():
             log.warning("worker %s lost its listener connection; reconnecting", self.id)
         self._listener = None
+        self._listening = False
         self._wake.set()
 
     @property
@@ -203,17 +267,22 @@ class Worker:
         if self._loop is None:
             await self.start()
         stopped = asyncio.Event()  # the services outlive the drain: the heartbeat keeps leases
+        upkeep = (  # the fleet's, run by its leader alone
+            self._rescuer,
+            pruner(self.database, self.settings),
+            Service("schedule", self.settings.schedule_interval, self.enqueue_scheduled),
+            metrics.depth_snapshot(
+                self.database, self.settings.metrics_snapshot_interval, self.settings.retention
+            ),
+        )
+        for service in upkeep:
+            service.when = self._leads
         services = [
             asyncio.create_task(s.run(stopped), context=contextvars.Context())
             for s in (
                 Service("heartbeat", self.settings.heartbeat_interval, self.heartbeat),
-                self._rescuer,
-                pruner(self.database, self.settings),
-                Service("schedule", self.settings.schedule_interval, self.enqueue_scheduled),
                 metrics.flusher(self.database, self.settings.metrics_flush_interval),
-                metrics.depth_snapshot(
-                    self.database, self.settings.metrics_snapshot_interval, self.settings.retention
-                ),
+                *upkeep,
             )
         ]
         watch = asyncio.create_task(self._watch(stop))
@@ -223,17 +292,19 @@ class Worker:
             while not self._stopping.is_set():
                 self._wake.clear()
                 try:
-                    await self.run_once()
+                    took = await self.run_once()
                     free = self.slots.free()
                     if any(free[name] > 0 for name in self._filled) or (
                         self._recheck and self.free_slots > 0
                     ):
                         continue  # more may be ripe where there is room, or a limit freed
-                    timeout = poll if self.free_slots <= 0 else await self._idle_timeout()
+                    self._tell_hub(free, took)
+                    timeout = self._poll_s() if self.free_slots <= 0 else await self._idle_timeout()
                 except Exception as exc:
                     log.warning("worker %s: claim failed (%s); retrying", self.id, describe(exc))
                     timeout = min(poll, 1.0)
-                await self._nap(timeout)
+                if not await self._nap(timeout) and self._hub is not None and self._hub.leading:
+                    self._hub.polled([name for name, n in self.slots.free().items() if n > 0])
         finally:
             await self.stop()  # the heartbeat goes on extending leases while jobs drain
             stopped.set()
@@ -242,20 +313,45 @@ class Worker:
             await asyncio.gather(*services, watch, return_exceptions=True)
             await _last_flush(self.database)
 
+    def _tell_hub(self, free: dict[str, int], took: int) -> None:
+        """Before a nap: tell the hub in which queues more jobs may be ripe that this worker has
+        no room for (its claim filled them; or the hub woke it and it claimed nothing, having
+        no room where the work was), and in which it has room and found nothing."""
+        woken, self._hub_woke = self._hub_woke, False
+        if self._hub is None:
+            return
+        full = set(self._filled)
+        if woken and not took:
+            full |= {name for name, n in free.items() if n <= 0}
+        if full:
+            self._hub.more(sorted(full))
+        room = sorted(name for name, n in free.items() if n > 0)
+        if room:
+            self._hub.idle(room)
+
     async def _watch(self, stop: asyncio.Event) -> None:
         await stop.wait()
         self._stopping.set()
         self._wake.set()
 
-    async def _nap(self, seconds: float) -> None:
+    async def _nap(self, seconds: float) -> bool:
+        """Sleep until woken or `seconds` have passed; return whether woken."""
         try:
             async with asyncio.timeout(seconds):
                 await self._wake.wait()
         except TimeoutError:
-            pass
+            return False
+        return True
+
+    def _poll_s(self) -> float:
+        poll = self.settings.poll_interval.total_seconds()
+        if self._hub is not None and not self._hub.leading:
+            return poll * FOLLOWER_POLLS
+        return poll
 
     async def _idle_timeout(self) -> float:
-        """Seconds until the next job ripens, at most the poll interval.
+        """Seconds until the next job ripens, at most the poll interval (a follower's: times
+        `FOLLOWER_POLLS`).
 
         "Next" is after the last claim's time, not after now: a job that ripened between that
         claim and now (a timer fires up to a millisecond early) is due at once, rather than
@@ -263,7 +359,7 @@ class Worker:
         work (`store.Claimed.next_ripe_at`), so an idle worker asks with no second statement;
         only when no claim ran this round does it ask (`store.next_ripe_at`).
         """
-        poll = self.settings.poll_interval.total_seconds()
+        poll = self._poll_s()
         now = clock.now()
         if self._claimed:  # the claim said (the usual case)
             upcoming = self._next_ripe_at
@@ -280,6 +376,7 @@ class Worker:
         up to `drain_timeout` (default `settings.drain_timeout`), then `abort()` the rest."""
         self._stopping.set()
         self._wake.set()
+        self._hand_over()
         async with self._claim_lock:
             pass  # a claim in flight finishes and starts its jobs
         self.acker.undefer()  # no more claims: outcomes are recorded as jobs finish
@@ -298,6 +395,7 @@ class Worker:
         the listener (which releases the liveness lock)."""
         self._stopping.set()
         self._wake.set()
+        self._hand_over()
         async with self._claim_lock:
             pass  # a claim in flight starts its jobs first; they are cancelled below
         if len(self._tasks) > self.executor.cancel_handlers():
@@ -314,10 +412,19 @@ class Worker:
                     await sql.worker_unregister.execute(conn, worker_id=self.id)
             except Exception as exc:
                 log.warning("worker %s: could not unregister (%s)", self.id, describe(exc))
-        if self._listener is not None:
-            listener, self._listener = self._listener, None
-            await listener.close()
+        async with self._claim_lock:  # no LISTEN in flight on it
+            if self._listener is not None:
+                listener, self._listener = self._listener, None
+                await listener.close()
         log.info("worker %s stopped: %s", self.id, dict(self.counts))
+
+    def _hand_over(self) -> None:
+        """Stop being the host's hub: wake the followers, the first of which to find no hub
+        becomes it."""
+        if self._hub is not None:
+            if self._hub.leading:
+                self._hub.wake_all()
+            self._hub.close()
 
     async def wait_idle(self) -> None:
         """Wait until every claimed job has run and its outcome is recorded (for tests)."""
@@ -404,8 +511,9 @@ class Worker:
 
     async def heartbeat(self) -> int:
         """Extend the leases of the jobs this worker holds to now + lease (and its row's
-        heartbeat_at), cancel the handlers of those cancelled (a notification missed), then
-        reconnect the listener if it was lost; return how many leases were extended."""
+        heartbeat_at), cancel the handlers of those cancelled (a notification missed), take or
+        renew the lead of the upkeep (`sql.worker_heartbeat`), say hello to the host's hub,
+        then reconnect the listener if it was lost; return how many leases were extended."""
         now = clock.now()
         async with self.database.pool.acquire() as conn:
             beat = await sql.worker_heartbeat.fetchrow(
@@ -414,14 +522,21 @@ class Worker:
                 now=now,
                 lease_expires_at=now + self.settings.lease,
                 tokens=self.slots.tokens,
+                lead_expires_at=now + self.settings.heartbeat_grace,
+                offer=not self._stopping.is_set(),
             )
         for job_id in beat["cancelled"]:
             self.cancel_running(job_id)
+        self.leader = bool(beat["leader"])
+        if self._hub is not None:
+            self._hub.hello()
         if not self.alive and not self._stopping.is_set():
             await self._connect()
             log.info("worker %s reconnected its listener", self.id)
             await self._release_orphans()
             self._wake.set()
+            if self._hub is not None and self._hub.leading:
+                self._hub.wake_all()  # notifications were missed while it was away
         return int(beat["leased"])
 
     async def _release_orphans(self) -> None:
