@@ -224,11 +224,13 @@ async def test_repeated_sigkill_loses_nothing_and_reruns_only_the_killed_workers
 # -- 2. hung worker ---------------------------------------------------------------------------
 
 HUNG_JOBS = 8
-HUNG_SLEEP_S = 2.0
+HUNG_SLEEP_S = 8.0
 HUNG_RESLEEP_S = 4.0
-"""A's attempts sleep 2 s (it is stopped mid-sleep); B's re-runs sleep 4 s, so that A resumes,
-finishes and tries to record its outcomes while B still runs the same jobs: only the fencing
-token tells A's late outcome from B's."""
+"""A's attempts sleep 8 s: it is stopped mid-sleep, once B has started (an interpreter's start
+took 2.3 s on a loaded CI machine, longer than the 2 s this was, and A's jobs had ended), and
+resumed past their end (a lease, 10 s, after the stop), so they end at once. B's re-runs sleep
+4 s, so that A resumes, finishes and tries to record its outcomes while B still runs the same
+jobs: only the fencing token tells A's late outcome from B's."""
 
 
 @pytest.mark.timeout(120)
