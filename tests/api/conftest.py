@@ -63,7 +63,12 @@ async def run_jobs(
 class DatabaseProxy:
     """Forwards TCP connections on 127.0.0.1 to the PostgreSQL server of `dsn` (TCP or Unix
     socket). `stop()` closes the listener and every forwarded connection (the database becomes
-    unreachable: connections are refused); `start()` listens again on the same port."""
+    unreachable: connections are refused); `start()` listens again on the same port.
+
+    With `hold_next_close` set, the next connection that the server ends keeps its client side
+    open until the client sends again (or closes), and `server_closed` is set: a client reads a
+    backend's last message (its FATAL error) and, a turn or two of its event loop later, the
+    close of the socket; the proxy stretches that moment for as long as a test needs."""
 
     def __init__(self, dsn: str) -> None:
         self.target = dsn
@@ -77,6 +82,8 @@ class DatabaseProxy:
         self.upstream_host = parts.hostname or "127.0.0.1"
         self.port = 0
         self._server: asyncio.Server | None = None
+        self.hold_next_close = False
+        self.server_closed = asyncio.Event()
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -114,13 +121,18 @@ class DatabaseProxy:
                 self.upstream_host, self.upstream_port
             )
         self._writers.update((writer, up_writer))
-        pipes = [
-            asyncio.create_task(self._pipe(reader, up_writer)),
-            asyncio.create_task(self._pipe(up_reader, writer)),
-        ]
+        gone = asyncio.Event()
+        to_server = asyncio.create_task(self._pipe(reader, up_writer, until=gone))
+        to_client = asyncio.create_task(self._pipe(up_reader, writer))
+        pipes = (to_server, to_client)
         self._tasks.update(pipes)
         try:
-            await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
+            if to_client in done and self.hold_next_close:  # the server ended it: hold on
+                self.hold_next_close = False
+                gone.set()
+                self.server_closed.set()
+                await to_server
         finally:
             for task in pipes:
                 task.cancel()
@@ -130,9 +142,14 @@ class DatabaseProxy:
                 self._writers.discard(w)
 
     @staticmethod
-    async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        source: asyncio.StreamReader,
+        sink: asyncio.StreamWriter,
+        until: asyncio.Event | None = None,
+    ) -> None:
+        """Copy `source` to `sink` until `source` ends, or until it sends once `until` is set."""
         with contextlib.suppress(ConnectionError, OSError):
-            while data := await source.read(65536):
+            while (data := await source.read(65536)) and not (until and until.is_set()):
                 sink.write(data)
                 await sink.drain()
 
