@@ -8,8 +8,8 @@ import asyncio
 import os
 import socket
 from collections import Counter
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -55,6 +55,18 @@ class Record:
         self.wakes += 1
 
 
+@contextmanager
+def bound(address: bytes, *records: Record) -> Iterator[list[Hub]]:
+    """A hub of each of `records` at `address`, in order (the first binds the hub's address);
+    closed at the end."""
+    hubs = [record.hub(address) for record in records]
+    try:
+        yield hubs
+    finally:
+        for h in hubs:
+            h.close()
+
+
 def _address(tag: str) -> bytes:
     return hub.hub_address(f"test-{tag}-{os.getpid()}-{id(object())}")
 
@@ -67,8 +79,7 @@ async def _delivered() -> None:
 async def test_a_notification_wakes_the_fewest_idle_workers_that_have_room_in_every_queue() -> None:
     address = _address("queues")
     leader, first, second, other = Record(), Record(), Record(), Record()
-    hubs = [leader.hub(address), first.hub(address), second.hub(address), other.hub(address)]
-    try:
+    with bound(address, leader, first, second, other) as hubs:
         assert [h.leading for h in hubs] == [True, False, False, False]
         assert leader.listens == [True]
         hubs[1].idle(["default"])
@@ -99,16 +110,12 @@ async def test_a_notification_wakes_the_fewest_idle_workers_that_have_room_in_ev
         hubs[0].notified()  # the hub itself first, though a follower was idle more recently
         await _delivered()
         assert (leader.wakes, first.wakes) == (1, 1)
-    finally:
-        for h in hubs:
-            h.close()
 
 
 async def test_more_wakes_another_with_room_there_and_a_cancel_reaches_every_follower() -> None:
     address = _address("more")
     leader, asking, idle, elsewhere = Record(), Record(), Record(), Record()
-    hubs = [leader.hub(address), asking.hub(address), idle.hub(address), elsewhere.hub(address)]
-    try:
+    with bound(address, leader, asking, idle, elsewhere) as hubs:
         hubs[2].idle(["default"])
         hubs[3].idle(["exports"])
         hubs[1].idle(["default"])  # the most recently idle...
@@ -123,16 +130,12 @@ async def test_more_wakes_another_with_room_there_and_a_cancel_reaches_every_fol
         hubs[0].cancelled(42)
         await _delivered()
         assert leader.cancels == asking.cancels == idle.cancels == elsewhere.cancels == [42]
-    finally:
-        for h in hubs:
-            h.close()
 
 
 async def test_a_follower_replaces_a_hub_that_is_gone_and_a_gone_follower_is_forgotten() -> None:
     address = _address("takeover")
     old, follower, gone = Record(), Record(), Record()
-    hubs = [old.hub(address), follower.hub(address), gone.hub(address)]
-    try:
+    with bound(address, old, follower, gone) as hubs:
         hubs[1].idle(["default"])
         hubs[2].idle(["default"])
         await _delivered()
@@ -144,32 +147,24 @@ async def test_a_follower_replaces_a_hub_that_is_gone_and_a_gone_follower_is_for
         hubs[1].idle(["default"])  # finds no hub: becomes it
         assert hubs[1].leading
         assert follower.listens == [True]
-    finally:
-        for h in hubs:
-            h.close()
 
 
 async def test_the_hubs_poll_wakes_the_followers_of_queues_it_has_no_room_in() -> None:
     address = _address("poll")
     leader, same, other = Record(), Record(), Record()
-    hubs = [leader.hub(address), same.hub(address), other.hub(address)]
-    try:
+    with bound(address, leader, same, other) as hubs:
         hubs[1].idle(["default"])
         hubs[2].idle(["exports"])
         await _delivered()
         hubs[0].polled(["default"])  # its own claim covers `default`
         await _delivered()
         assert (leader.wakes, same.wakes, other.wakes) == (0, 0, 1)
-    finally:
-        for h in hubs:
-            h.close()
 
 
 async def test_a_follower_whose_hub_does_not_answer_listens_itself_until_it_answers() -> None:
     address = _address("hung")
     leader, follower = Record(), Record()
-    hubs = [leader.hub(address), follower.hub(address)]
-    try:
+    with bound(address, leader, follower) as hubs:
         hubs[1].hello()
         await _delivered()
         hubs[1].hello()  # answered: all is well
@@ -188,17 +183,13 @@ async def test_a_follower_whose_hub_does_not_answer_listens_itself_until_it_answ
         await _delivered()  # it reads the hellos and answers
         assert not hubs[1].orphaned
         assert follower.listens == [True, False]
-    finally:
-        for h in hubs:
-            h.close()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="sending as another user needs root")
 async def test_datagrams_of_another_user_are_ignored() -> None:
     address = _address("strangers")
     leader, follower = Record(), Record()
-    hubs = [leader.hub(address), follower.hub(address)]
-    try:
+    with bound(address, leader, follower) as hubs:
         assert hubs[1]._sock is not None
         target = hubs[1]._sock.getsockname()
         pid = os.fork()
@@ -218,9 +209,6 @@ async def test_datagrams_of_another_user_are_ignored() -> None:
             mine.sendto(b"c 7", target)
         await _delivered()
         assert follower.cancels == [7]  # the same message from this user is heard
-    finally:
-        for h in hubs:
-            h.close()
 
 
 class Running:
