@@ -168,8 +168,12 @@ class Hub:
     # -- what the hub hears from PostgreSQL --------------------------------------------------
 
     def notified(self) -> None:
-        """`NOTIFY jobq`: wake the fewest idle workers, most recently idle first, that have
-        room in every queue some idle worker has room in."""
+        """`NOTIFY jobq`: the hub wakes the fewest idle workers, most recently idle first, that
+        have room in every queue some idle worker has room in; a follower that LISTENs for
+        itself (its hub is silent) wakes itself."""
+        if not self.leading:
+            self._wake()
+            return
         self._wake_for(frozenset().union(*self._idle.values()))
 
     def polled(self, room: list[str]) -> None:
@@ -185,7 +189,8 @@ class Hub:
             self._send(b"w", address)
 
     def cancelled(self, job_id: int) -> None:
-        """Job `job_id` was cancelled: tell this worker and every follower."""
+        """Job `job_id` was cancelled: tell this worker and every follower (a follower knows
+        none)."""
         self._cancel(job_id)
         for address in list(self._known):
             self._send(f"c {job_id}".encode(), address)

@@ -209,14 +209,14 @@ class Worker:
             self._hub.wake_all()  # notifications may have been missed
 
     def _on_notify(self, *_: object) -> None:
-        if self._hub is not None and self._hub.leading:
+        if self._hub is not None:
             self._hub.notified()
         else:
             self._wake.set()
 
     def _on_cancel(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
         if isinstance(payload, str) and payload.isdigit():
-            if self._hub is not None and self._hub.leading:
+            if self._hub is not None:
                 self._hub.cancelled(int(payload))
             else:
                 self.cancel_running(int(payload))

@@ -179,6 +179,8 @@ async def test_a_follower_whose_hub_does_not_answer_listens_itself_until_it_answ
         hubs[1].hello()
         assert hubs[1].orphaned
         assert follower.listens == [True]
+        hubs[1].notified()  # what it hears itself wakes it
+        assert follower.wakes == 1
         asyncio.get_running_loop().add_reader(hubs[0]._sock.fileno(), hubs[0]._receive)
         await _delivered()  # it reads the hellos and answers
         assert not hubs[1].orphaned
