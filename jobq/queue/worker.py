@@ -345,8 +345,8 @@ class Worker:
 
     def _poll_s(self) -> float:
         poll = self.settings.poll_interval.total_seconds()
-        if self._hub is not None and not self._hub.leading:
-            return poll * FOLLOWER_POLLS
+        if self._hub is not None and not (self._hub.leading or self._hub.orphaned):
+            return poll * FOLLOWER_POLLS  # a follower whose hub answers
         return poll
 
     async def _idle_timeout(self) -> float:
