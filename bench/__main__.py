@@ -10,9 +10,9 @@ target, met. Progress and the subprocesses' logs' location go to stderr.
 Workloads (what each times: `bench.queue_bench`, `bench.http_bench`, `bench.limits_bench`,
 `bench.control_bench`, `bench.schedule_bench`, `bench.dashboard_bench`, `bench.metrics_bench`,
 `bench.fleet_bench`, `bench.large_bench`): throughput, pickup_latency, scheduled_lateness,
-http_reminders, enqueue_concurrent, memory, limits_overhead, queue_isolation, held_back_claim,
-retention_overhead, cancel_latency, wait_wakeup, prune_under_load, schedule_lateness, fleet,
-dashboard_pages, large_queue, metrics_scrape.
+http_reminders, enqueue_concurrent, memory, limits_overhead, limits_claim_cpu, queue_isolation,
+held_back_claim, retention_overhead, cancel_latency, wait_wakeup, prune_under_load,
+schedule_lateness, fleet, dashboard_pages, large_queue, metrics_scrape.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ WORKLOADS: dict[str, Spec] = {
     "enqueue_concurrent": Spec(queue_bench.enqueue_concurrent, keys=("producers",)),
     "memory": Spec(queue_bench.memory),
     "limits_overhead": Spec(limits_bench.limits_overhead, keys=("concurrency",)),
+    "limits_claim_cpu": Spec(limits_bench.limits_claim_cpu),
     "queue_isolation": Spec(limits_bench.queue_isolation),
     "held_back_claim": Spec(limits_bench.held_back_claim),
     "retention_overhead": Spec(control_bench.retention_overhead, keys=("concurrency",)),

@@ -1,4 +1,5 @@
-"""The workloads of queues and limits: `limits_overhead`, `queue_isolation`, `held_back_claim`.
+"""The workloads of queues and limits: `limits_overhead`, `limits_claim_cpu`, `queue_isolation`,
+`held_back_claim`.
 Each function is one run and returns its lines' figures. The queues are `bench.queues`'.
 
 What is timed, exactly:
@@ -12,6 +13,14 @@ What is timed, exactly:
   `bench_sleep` jobs (5 s each) on `bench_slow` keep its 2 slots busy, then 500 `bench_stamp`
   jobs on `bench_fast`, each enqueued in its own transaction, one every 20 ms. Pickup: as
   `pickup_latency` (the handler's first wall-clock reading minus the producer's after COMMIT).
+- `limits_claim_cpu`: no worker. 20,000 `bench_noop` jobs over 50 keys on each of `bench_free`
+  and `bench_limited`; one connection with the worker's claim session
+  (`jobq.queue.worker.CLAIM_SESSION`) runs the worker's cycle on each queue in turn, alternating:
+  record the 16 outcomes of the queue's last claim and claim 16 (`store.record_and_claim`, one
+  statement, its own transaction), until both are drained. `*_cpu_ms`: the mean CPU time of the
+  server's backend per cycle (`/proc/<pid>/schedstat`: the server must run on this machine, as
+  the embedded one does), `extra_cpu_ms` the limited queue's less the free one's. Alternating in
+  one connection puts both under the same load, so this reads steadier than the drains.
 - `held_back_claim`: no worker. `bench_held` (at most 1 running job per key) holds 100,000
   ripe jobs of key `hot`, older than everything else, whose one slot is taken (a `job_running`
   row of a worker that does not exist), and 5 ripe jobs of 5 other keys. The claim statement
@@ -26,6 +35,7 @@ What is timed, exactly:
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 from datetime import timedelta
 from typing import Any
@@ -35,10 +45,12 @@ from bench.context import Context, Figures
 from bench.handlers import NOOP, SLEEP, STAMP
 from bench.harness import wait_drained
 from bench.loadgen import percentile
-from jobq import clock
+from jobq import clock, db
 from jobq.db import Connection
 from jobq.queue import Job, enqueue, enqueue_many, sql, store
+from jobq.queue.model import Outcome, Verdict
 from jobq.queue.registry import registry
+from jobq.queue.worker import CLAIM_SESSION
 from tests.toolkit.procs import Proc, check_running, registered
 
 OVERHEAD_JOBS = 20_000
@@ -151,6 +163,74 @@ async def queue_isolation(ctx: Context) -> list[Figures]:
             "p99_ms": _ms(percentile(latencies, 99)),
             "max_ms": _ms(max(latencies)),
             "slow_running": slow_running,
+        }
+    ]
+
+
+# -- limits_claim_cpu --------------------------------------------------------------------------
+
+CPU_JOBS = 20_000
+CPU_SLOTS = 16
+
+FILL_KEYED = """
+INSERT INTO job (job_type, arguments, ripe_at, priority, max_retries, created_at, queue,
+                 concurrency_key)
+SELECT $1, jsonb_build_object('i', g, 'queue', $3::text), $2, 0, 5, $2, $3, 'k' || g % $4::int
+FROM generate_series(1, $5::int) AS g
+"""
+
+
+def _cpu_ns(pid: int) -> int:
+    """The CPU time (ns) process `pid` of this machine has run so far (`/proc/<pid>/schedstat`).
+    Raises: `RuntimeError` when there is no such process here (a remote server)."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as stat:
+            return int(stat.read().split()[0])
+    except FileNotFoundError:
+        raise RuntimeError(f"no process {pid} here: the server must run on this machine") from None
+
+
+async def limits_claim_cpu(ctx: Context) -> list[Figures]:
+    """The server's CPU per claim cycle on `bench_free` and on `bench_limited`, alternated."""
+    await ctx.database.reset()
+    names = (queues.FREE, queues.LIMITED)
+    now = clock.now()
+    async with ctx.connection() as conn:
+        await store.declare_queues(conn, [registry.queues()[name] for name in names])
+        for name in names:
+            await conn.execute(FILL_KEYED, NOOP, now, name, OVERHEAD_KEYS, CPU_JOBS)
+        await conn.execute("VACUUM ANALYZE job")
+    conn = await db.connect(ctx.dsn, server_settings=CLAIM_SESSION)
+    try:
+        pid: int = await conn.fetchval("SELECT pg_backend_pid()")
+        cpu_ms: dict[str, list[float]] = {name: [] for name in names}
+        outcomes: dict[str, list[Outcome]] = {name: [] for name in names}
+        left = set(names)
+        while left:
+            for name in sorted(left):
+                now = clock.now()
+                before = _cpu_ns(pid)
+                claimed = await store.record_and_claim(
+                    conn,
+                    outcomes[name],
+                    worker_id=FAKE_WORKER,
+                    max_jobs={name: CPU_SLOTS},
+                    now=now,
+                    lease_expires_at=now + timedelta(minutes=5),
+                )
+                cpu_ms[name].append((_cpu_ns(pid) - before) / 1e6)
+                outcomes[name] = [Outcome(j.token, Verdict.COMPLETE) for j in claimed.jobs]
+                if not claimed.jobs:
+                    left.discard(name)
+    finally:
+        await conn.close()
+    free, limited = (statistics.mean(cpu_ms[name]) for name in names)
+    return [
+        {
+            "cycles": len(cpu_ms[queues.LIMITED]),
+            "free_cpu_ms": round(free, 3),
+            "limited_cpu_ms": round(limited, 3),
+            "extra_cpu_ms": round(limited - free, 3),
         }
     ]
 
