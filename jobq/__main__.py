@@ -172,15 +172,19 @@ def _check_queues(settings: Settings) -> None:
 
 
 def _one_line(exc: Exception) -> str:
-    """A start-up error as one line: each invalid setting by its environment name."""
+    """A start-up error as one line: each invalid setting by its environment name (a rule
+    between settings names them in its message)."""
     if isinstance(exc, ValidationError):
-        return "; ".join(f"invalid setting {_env_name(e['loc'])}: {e['msg']}" for e in exc.errors())
+        return "; ".join(_invalid(e["loc"], e["msg"]) for e in exc.errors())
     return str(exc)
 
 
-def _env_name(loc: tuple[int | str, ...]) -> str:
-    name = str(loc[0]) if loc else "?"
-    return name if name.isupper() else f"JOBQ_{name.upper()}"
+def _invalid(loc: tuple[int | str, ...], msg: str) -> str:
+    msg = msg.removeprefix("Value error, ")
+    if not loc:
+        return f"invalid settings: {msg}"
+    name = str(loc[0])
+    return f"invalid setting {name if name.isupper() else f'JOBQ_{name.upper()}'}: {msg}"
 
 
 def main(argv: list[str] | None = None) -> int:

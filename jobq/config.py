@@ -265,6 +265,19 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
+    def _lease_outlasts_a_lost_heartbeat(self) -> Self:
+        # A worker extends its leases at each heartbeat, and a server crash can lose the last
+        # one (its commit does not wait for the disk: jobq.queue.sql.worker_heartbeat). A lease
+        # shorter than two intervals would then run out while its worker lives and runs the job,
+        # and the job would be rescued and run a second time (DESIGN.md, guarantee 3).
+        if self.lease < 2 * self.heartbeat_interval:
+            raise ValueError(
+                f"JOBQ_LEASE_S ({self.lease.total_seconds():g}) must be at least twice"
+                f" JOBQ_HEARTBEAT_INTERVAL_S ({self.heartbeat_interval.total_seconds():g})"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _admin_signup(self) -> Self:
         if self.signup == "admin" and self.admin_token is None:
             raise ValueError("JOBQ_SIGNUP=admin needs JOBQ_ADMIN_TOKEN")

@@ -9,12 +9,14 @@ from typing import Literal
 
 import pytest
 from freezegun import freeze_time
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from jobq import clock
+from jobq.__main__ import main as jobq_main
 from jobq.db import Connection
 from jobq.queue import DontRetry, Job, JobContext, Registry, Worker, enqueue, store
 from tests import outcomes
+from tests.conftest import make_settings
 from tests.queue.conftest import NewWorker
 from tests.queue.helpers import Gate, MakeWorker, count, counts, row, where
 from tests.toolkit.procs import eventually
@@ -310,3 +312,40 @@ async def test_running_worker_reruns_a_dead_workers_job_within_a_second(
     gate_a.release()
     await worker_a.wait_idle()
     assert worker_a.counts["rejected"] == 1
+
+
+@pytest.mark.parametrize(
+    ("lease_s", "heartbeat_s", "refused"),
+    [(1.0, 1.0, True), (1.9, 1.0, True), (2.0, 1.0, False), (30.0, 5.0, False)],
+)
+def test_a_lease_shorter_than_two_heartbeats_is_refused(
+    database_url: str, lease_s: float, heartbeat_s: float, refused: bool
+) -> None:
+    """A server crash can lose a worker's last heartbeat (its commit does not wait for the
+    disk), so a lease must outlast two intervals or a live worker's job would be rescued."""
+    values = {
+        "lease": timedelta(seconds=lease_s),
+        "heartbeat_interval": timedelta(seconds=heartbeat_s),
+    }
+    if not refused:
+        assert make_settings(database_url, **values).lease == values["lease"]
+        return
+    with pytest.raises(ValidationError) as caught:
+        make_settings(database_url, **values)
+    message = str(caught.value)
+    assert "JOBQ_LEASE_S" in message
+    assert "at least twice JOBQ_HEARTBEAT_INTERVAL_S" in message
+
+
+def test_a_too_short_lease_stops_the_start_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("JOBQ_LEASE_S", "4")
+    monkeypatch.setenv("JOBQ_HEARTBEAT_INTERVAL_S", "5")
+    assert jobq_main(["check"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        "jobq: invalid settings: JOBQ_LEASE_S (4) must be at least twice"
+        " JOBQ_HEARTBEAT_INTERVAL_S (5)\n"
+    )

@@ -125,8 +125,8 @@ async def test_listener_reconnect_does_not_hand_out_running_jobs(
 
     created = await enqueue(Job(job_type="gated"))
     # The heartbeat grace (3 x interval) must outlast this test's steps on a loaded machine;
-    # the test drives heartbeats itself.
-    beat = {"heartbeat_interval": timedelta(seconds=10)}
+    # the test drives heartbeats itself (a lease outlasts two intervals).
+    beat = {"heartbeat_interval": timedelta(seconds=10), "lease": timedelta(seconds=20)}
     worker_a = await make_worker(handlers, **beat)
     worker_b = await make_worker(handlers, **beat)
     try:
@@ -279,7 +279,10 @@ async def test_claims_whose_answer_was_lost_go_back_on_reconnect(
         pass
 
     created = await enqueue(Job(job_type="noop"))
-    worker = await make_worker(handlers, heartbeat_interval=timedelta(seconds=10))
+    # no heartbeat of its own during the test (a lease outlasts two)
+    worker = await make_worker(
+        handlers, heartbeat_interval=timedelta(seconds=10), lease=timedelta(seconds=20)
+    )
     assert worker.id is not None
     now = clock.now()
     # the claim that committed for this worker, whose answer it never saw
