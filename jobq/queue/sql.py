@@ -447,10 +447,11 @@ worker_unregister = Query("DELETE FROM worker WHERE id = :worker_id")
 # stopping).
 # Its commit does not wait for the WAL to reach the disk (synchronous_commit off for its own
 # transaction): 50 idle workers made 10 such flushes a second, each a wait on the disk that the
-# commits of enqueues and claims queued behind (`python -m bench fleet`: pickup p99 with 50 idle
-# workers 5.2-5.6 ms, then 4.0-4.4). A server crash may lose its last second: a heartbeat_at,
-# leases or a lead as of the beat before, all of which hold for several intervals, and after a
-# restart every worker counts as alive for the grace (_ALIVE) while they beat again.
+# commits of enqueues and claims queued behind (`python -m bench fleet`: 50 idle workers added
+# 42-60 % to one worker's pickup p99, then 18-21 %). A crash of the server may lose the last
+# beat (up to 3 x wal_writer_delay of commits): its heartbeat_at, leases and lead stay as the
+# beat before left them, which hold for several intervals (a lease outlasts two: config), and
+# after a restart every worker counts as alive for the grace (_ALIVE) while they beat again.
 worker_heartbeat = Query(f"""
 WITH beat AS (
     UPDATE worker SET heartbeat_at = :now WHERE id = :worker_id
