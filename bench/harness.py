@@ -105,7 +105,7 @@ def cpu_model() -> str:
 # -- the queue's state -------------------------------------------------------------------------
 
 QUEUE_HEADS = """
-SELECT (SELECT id FROM job ORDER BY priority DESC, ripe_at LIMIT 1) AS queued,
+SELECT (SELECT id FROM job ORDER BY id LIMIT 1) AS queued,
        (SELECT token FROM job_running ORDER BY token LIMIT 1) AS running
 """
 """The first queued and the first running job, each read through an index: cheap however many

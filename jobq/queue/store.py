@@ -231,7 +231,7 @@ async def claim(
     `max_jobs` of each queue (an int: of `default`), and return them, each with a new fencing
     token. Per queue: highest priority, then earliest ripe_at; rows locked by another claim are
     skipped; paused queues are skipped; queues with limits take no more than these allow."""
-    jobs, _, _ = await record_and_claim(
+    jobs, *_ = await record_and_claim(
         conn,
         [],
         worker_id=worker_id,
@@ -247,11 +247,13 @@ class Claimed(NamedTuple):
     """What `record_and_claim` did: the claimed `jobs`, the tokens of the outcomes `recorded`,
     and `next_ripe_at`: when a claim of the queues it did not fill may next find work (the
     earliest `ripe_at` after `now` of their jobs, or the moment a full rate window of theirs
-    opens; None: neither), as `next_ripe_at()` would tell."""
+    opens; None: neither), as `next_ripe_at()` would tell; `limited`: the queues with limits
+    that a claim without `limits` skipped (claim them with `limits`)."""
 
     jobs: list[ClaimedJob]
     recorded: set[int]
     next_ripe_at: datetime | None
+    limited: frozenset[str] = frozenset()
 
 
 async def record_and_claim(
@@ -263,11 +265,14 @@ async def record_and_claim(
     now: datetime,
     lease_expires_at: datetime,
     retain: bool = True,
+    limits: bool = True,
 ) -> Claimed:
     """Record `outcomes` (as `record` does) and claim up to `max_jobs` (as `claim` does) in one
     statement, so that the jobs whose outcome is recorded free the slots the claim fills.
     Return what it did (`Claimed`): a worker needs no second statement to set its timer.
-    `retain`: keep the jobs that end in `job_done` (False: retention is off).
+    `retain`: keep the jobs that end in `job_done` (False: retention is off). `limits` False:
+    a worker that serves no queue with limits (a cheaper statement); a queue that has limits
+    is then not claimed, and is named in `Claimed.limited`.
 
     Raises: `asyncpg.PostgresError` (then nothing happened).
     """
@@ -281,9 +286,11 @@ async def record_and_claim(
     args = _outcome_args(outcomes, now, retain)
     if all(o.verdict is Verdict.COMPLETE for o in outcomes):
         completed = {k: args[k] for k in ("completed", "results", "retain", "now")}
-        rows = await sql.job_claim.fetch(conn, **completed, **claiming)
+        statement = sql.job_claim if limits else sql.job_claim_unlimited
+        rows = await statement.fetch(conn, **completed, **claiming)
     else:
-        rows = await sql.job_claim_recording.fetch(conn, **args, **claiming)
+        statement = sql.job_claim_recording if limits else sql.job_claim_unlimited_recording
+        rows = await statement.fetch(conn, **args, **claiming)
     jobs = [
         ClaimedJob(
             id=r["id"],
@@ -301,8 +308,16 @@ async def record_and_claim(
         if r["id"] is not None
     ]
     recorded = {r["token"] for r in rows if r["id"] is None and r["token"] is not None}
-    upcoming = [r["ripe_at"] for r in rows if r["id"] is None and r["token"] is None]
-    return Claimed(jobs, recorded, upcoming[0] if upcoming else None)
+    upcoming = [r for r in rows if r["id"] is None and r["token"] is None]
+    if not upcoming:
+        return Claimed(jobs, recorded, None)
+    skipped = upcoming[0]["queue"]
+    return Claimed(
+        jobs,
+        recorded,
+        upcoming[0]["ripe_at"],
+        frozenset(skipped.split(",")) if skipped else frozenset(),
+    )
 
 
 async def record(

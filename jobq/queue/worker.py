@@ -109,10 +109,12 @@ class Worker:
         self._tasks: dict[asyncio.Task[None], ClaimedJob] = {}
         self.slots = Slots(served_queues(settings, handlers))
         self._limited: set[str] = set()
-        """Served queues with limits: their claims may be held back by jobs still running."""
+        """Served queues with limits (as declared here, or as a claim found them declared by
+        another worker): their claims may be held back by jobs still running. While there is
+        none, the claims use the smaller statement without limits (`store.record_and_claim`)."""
         self._recheck = False
         """The last claim recorded outcomes of limited queues: claim again (it frees capacity
-        that the same statement could not see)."""
+        that the same statement could not see); or it skipped queues found to have limits."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self.acker = Acker(
             database,
@@ -458,7 +460,7 @@ class Worker:
             now = clock.now()
             try:
                 async with self._claim_connection() as conn:
-                    jobs, recorded, next_ripe_at = await store.record_and_claim(
+                    jobs, recorded, next_ripe_at, limited = await store.record_and_claim(
                         conn,
                         [outcome for _, outcome in batch],
                         worker_id=self.id or 0,
@@ -466,6 +468,7 @@ class Worker:
                         now=now,
                         lease_expires_at=now + self.settings.lease,
                         retain=self.settings.retain,
+                        limits=bool(self._limited),
                     )
             except BaseException:
                 self.acker.restore(batch)
@@ -478,7 +481,10 @@ class Worker:
                     listener.terminate()
                 raise
             self.acker.settle(batch, recorded)
-            self._recheck = bool(free) and any(job.queue in self._limited for job, _ in batch)
+            self._limited |= limited  # declared with limits by another worker: claim again
+            self._recheck = bool(free) and (
+                bool(limited) or any(job.queue in self._limited for job, _ in batch)
+            )
             if free:
                 self._claimed = True
                 self._next_ripe_at = next_ripe_at

@@ -261,6 +261,38 @@ async def test_a_global_limit_holds_across_workers_claiming_at_once(
     assert await conn.fetchval("SELECT count(*) FROM job") == 0
 
 
+async def test_a_worker_that_knows_no_limits_respects_those_another_declared(
+    new_worker: NewWorker, conn: Connection
+) -> None:
+    """A worker whose registry declares `capped` without limits started first; another, started
+    later, declared `max_running=3` (the last one started wins), and stopped. The first claims
+    with the statement for queues without limits, which skips `capped`; it learns that from the
+    claim and claims `capped` with its limits from then on: all its jobs run, 3 at a time."""
+    overlap = Overlap()
+    unaware = new_worker(overlap.handlers("capped"), queues={"capped": 8})
+    aware_handlers = overlap.handlers("capped")
+    aware_handlers.queue("capped", max_running=3)
+    await unaware.start()
+    aware = new_worker(aware_handlers, queues={"capped": 8})
+    await aware.start()
+    await aware.stop()
+    assert await conn.fetchval("SELECT max_running FROM job_queue WHERE name = 'capped'") == 3
+    jobs = [
+        Job(job_type="work", queue="capped", arguments={"n": n, "hold_s": 0.05}) for n in range(30)
+    ]
+    stop = asyncio.Event()
+    task = asyncio.create_task(unaware.run(stop))
+    try:
+        await enqueue_many(jobs)
+        await eventually(lambda: len(overlap.done) == len(jobs), within=WAIT_S)
+    finally:
+        stop.set()
+        await task
+    assert overlap.peak[("capped", None)] == 3  # reached, never exceeded
+    assert unaware.counts["claimed"] == len(jobs)
+    assert await conn.fetchval("SELECT count(*) FROM job") == 0
+
+
 # -- rate limits -------------------------------------------------------------------------------
 
 
