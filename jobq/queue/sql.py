@@ -321,16 +321,20 @@ job_record = Query(f"""WITH {_RECORD}
 SELECT token FROM recorded WHERE {NOTIFY_ENDED.format(source="ended")}""")
 
 
-def _next_ripe_at(queues: str, rated: str) -> str:
+def _next_ripe_at(queues: str, rated: str | None) -> str:
     """When a claim of the queues named by `queues` (a query of a `name` column) may next find
     work after `:now`: the earliest `ripe_at` after it of their jobs (one probe of
-    job_ripe_at_idx each), or the moment a full rate window of those named by `rated` opens,
-    whichever comes first (NULL: neither). The rate windows are read only when `rated` names
-    a queue: job_rate_opens_at is planned anew at each call (a few tenths of a millisecond)."""
-    return f"""least(
-    (SELECT min(n.ripe_at) FROM ({queues}) AS u CROSS JOIN LATERAL (
+    job_ripe_at_idx each), or the moment a full rate window of those named by `rated` opens
+    (None: no rate windows), whichever comes first (NULL: neither). The rate windows are read
+    only when `rated` names a queue: job_rate_opens_at is planned anew at each call (a few
+    tenths of a millisecond)."""
+    ripe = f"""(SELECT min(n.ripe_at) FROM ({queues}) AS u CROSS JOIN LATERAL (
          SELECT ripe_at FROM job WHERE job.queue = u.name AND ripe_at > :now
-         ORDER BY ripe_at LIMIT 1) AS n),
+         ORDER BY ripe_at LIMIT 1) AS n)"""
+    if rated is None:
+        return ripe
+    return f"""least(
+    {ripe},
     CASE WHEN EXISTS ({rated}) THEN job_rate_opens_at(ARRAY({rated}), :now::timestamptz) END
 )"""
 
@@ -386,6 +390,7 @@ def _claiming(record: str, recorded: str, *, limits: bool) -> Query:
     WHERE t.budget IS NOT NULL AND t.rated AND s.n > 0
 )"""
         skipped = "NULL"
+        rated = "SELECT name FROM unfilled WHERE limited"
     else:
         turns = ""
         lines = """        SELECT j.id FROM (
@@ -394,6 +399,7 @@ def _claiming(record: str, recorded: str, *, limits: bool) -> Query:
         claimed_at = ":now"
         started = ""
         skipped = "(SELECT string_agg(q.name, ',') FROM q WHERE q.limited)"
+        rated = None
     return Query(f"""
 WITH {record}, q AS (
     SELECT u.name, u.free, coalesce(jq.limited, false) AS limited{", jq" if limits else ""}
@@ -445,9 +451,8 @@ WITH {record}, q AS (
 ), upcoming AS (
     -- when a claim of the queues this one left slots free in may next find work (the worker's
     -- timer), as `job_next_ripe_at` tells, with no second statement to ask it; the rate
-    -- windows only of limited queues
-    SELECT {_next_ripe_at("SELECT name FROM unfilled", "SELECT name FROM unfilled WHERE limited")}
-           AS ripe_at
+    -- windows only of limited queues (none here without `limits`)
+    SELECT {_next_ripe_at("SELECT name FROM unfilled", rated)} AS ripe_at
 )
 SELECT * FROM running
 UNION ALL
