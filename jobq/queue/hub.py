@@ -14,20 +14,24 @@ an argument, between workers of the same user only (the kernel's credentials of 
 datagram are checked, `SO_PASSCRED`):
 
 - follower to hub: `i <queues>` (idle: it has free slots in these queues, comma-separated,
-  and its last claim found nothing more there), `m <queues>` (more: its claim filled its slots
-  in these queues, or it was woken with no room to claim in them, so jobs may be ripe there for
-  another worker), `h` (hello, at each heartbeat, so that the hub knows every follower).
+  and its last claim found nothing more there; said again at the end of each of its polls),
+  `m <queues>` (more: its claim filled its slots in these queues and none of its jobs ended
+  within `jobq.queue.worker.HELP_AFTER_S`, or it was woken with no room to claim in them, so
+  jobs may be ripe there for another worker), `h` (hello, at each heartbeat, so that the hub
+  knows every follower).
 - hub to follower: `w` (wake up and claim), `c <id>` (job `id` was cancelled), `a` (the
   answer to a hello).
 
 At a notification (which does not say which queues) the hub wakes, itself first, then the most
 recently idle, as few idle workers as have free slots in every queue that some idle worker has room
 in: a trickle of jobs keeps a few warm workers busy, the rest sleep on. At `m <queues>` it wakes
-one more idle worker with room in each of these queues: a burst wakes workers one claim at a
-time, as many as it needs. A cancellation goes to every follower.
+one more idle worker with room in each of these queues: a burst of slow jobs wakes workers one
+claim at a time, as many as it needs; a burst of jobs that end at once stays with the workers
+that keep up with it. A cancellation goes to every follower.
 
 The hub polls at the poll interval (`Settings.poll_interval`), and wakes at its poll the idle
-followers with room in queues it has none in; a follower polls three times less often.
+followers with room in queues it has none in. A follower's poll (three times less often) claims
+nothing: it says again that it is idle, and the hub's poll covers it.
 
 Faults: a follower that finds no hub at its address (the hub stopped or died: it finds out at
 its next word, a hello at the latest, each heartbeat) binds it and becomes the hub. A hub that
@@ -178,8 +182,8 @@ class Hub:
 
     def polled(self, room: list[str]) -> None:
         """The hub's own poll, which claims in the queues it has `room` in: wake idle
-        followers for the other queues some of them have room in (a follower polls less
-        often, `jobq.queue.worker.FOLLOWER_POLLS`)."""
+        followers for the other queues some of them have room in (a follower's own poll claims
+        nothing while its hub answers, `jobq.queue.worker.FOLLOWER_POLLS`)."""
         self._wake_for(frozenset().union(*self._idle.values()) - set(room), but=None)
 
     def wake_all(self) -> None:

@@ -60,8 +60,20 @@ it read every queued job at each claim (1.2 ms of the claim's 1.4 at 20,000 queu
 analyze replanned."""
 
 FOLLOWER_POLLS = 3
-"""A follower of its host's hub polls this many times less often than the poll interval: the
-hub's wake-ups and its own poll cover it; the follower's poll is the net under that net."""
+"""A follower of its host's hub naps this many poll intervals at most. At the end of such a
+nap it claims nothing: it tells its hub again that it is idle (in case a word was lost), and
+the hub's poll, which wakes idle followers for the queues the hub has no room in, covers it.
+Polls that claimed in every follower added up, in a fleet, to workers joining a drain of fast
+jobs that one worker kept up with, each costing the database more per job (`python -m bench
+fleet`, busy). A follower still claims when woken, when a job it knows of ripens, and, polling
+each poll interval, while its hub does not answer (`Hub.orphaned`)."""
+
+HELP_AFTER_S = 0.005
+"""A worker whose claim filled its slots asks its hub for another worker only if none of its
+jobs ends within this many seconds: jobs that end sooner free slots faster than another
+worker's claim would start, and more workers taking turns on the same cores cost the database
+more per job (`python -m bench fleet`, busy). Slow jobs (a webhook call) keep the slots taken,
+and then a burst wakes as many workers as it needs, one every few milliseconds."""
 
 
 class Worker:
@@ -107,6 +119,8 @@ class Worker:
         """The queues of which the last round's claim took as many jobs as they had free slots:
         more of their jobs may be ripe. Of the others, none was ripe (or unlocked) by then."""
         self._tasks: dict[asyncio.Task[None], ClaimedJob] = {}
+        self._ended = 0
+        """How many of this worker's jobs have ended (their tasks done)."""
         self.slots = Slots(served_queues(settings, handlers))
         self._limited: set[str] = set()
         """Served queues with limits (as declared here, or as a claim found them declared by
@@ -293,23 +307,35 @@ class Worker:
         watch = asyncio.create_task(self._watch(stop))
         poll = self.settings.poll_interval.total_seconds()
         self.acker.defer()  # the claims take the outcomes of finished jobs with them
+        covered = False  # this follower's poll came, and its hub's poll covers it
         try:
             while not self._stopping.is_set():
                 self._wake.clear()
                 try:
-                    took = await self.run_once()
-                    free = self.slots.free()
-                    if any(free[name] > 0 for name in self._filled) or (
-                        self._recheck and self.free_slots > 0
-                    ):
-                        continue  # more may be ripe where there is room, or a limit freed
+                    if covered:
+                        took, free = 0, self.slots.free()
+                    else:
+                        ended = self._ended
+                        took = await self.run_once()
+                        free = self.slots.free()
+                        if any(free[name] > 0 for name in self._filled) or (
+                            self._recheck and self.free_slots > 0
+                        ):
+                            continue  # more may be ripe where there is room, or a limit freed
+                        if self._filled and await self._keeps_up(ended):
+                            continue  # a job ended at once: this worker takes the rest alone
                     self._tell_hub(free, took)
                     timeout = self._poll_s() if self.free_slots <= 0 else await self._idle_timeout()
                 except Exception as exc:
                     log.warning("worker %s: claim failed (%s); retrying", self.id, describe(exc))
                     timeout = min(poll, 1.0)
-                if not await self._nap(timeout) and self._hub is not None and self._hub.leading:
-                    self._hub.polled([name for name, n in self.slots.free().items() if n > 0])
+                covered = False
+                if not await self._nap(timeout) and self._hub is not None:
+                    room = [name for name, n in self.slots.free().items() if n > 0]
+                    if self._hub.leading:
+                        self._hub.polled(room)
+                    elif not self._hub.orphaned and room and timeout >= self._poll_s():
+                        covered = True
         finally:
             await self.stop()  # the heartbeat goes on extending leases while jobs drain
             stopped.set()
@@ -333,6 +359,14 @@ class Worker:
         room = sorted(name for name, n in free.items() if n > 0)
         if room:
             self._hub.idle(room)
+
+    async def _keeps_up(self, ended: int) -> bool:
+        """Whether one of this worker's jobs ended since its claim began (`ended`: the count
+        of jobs ended then), waiting for one up to `HELP_AFTER_S` (a wake-up for anything else
+        ends the wait)."""
+        if self._ended == ended:
+            await self._nap(HELP_AFTER_S)
+        return self._ended > ended
 
     async def _watch(self, stop: asyncio.Event) -> None:
         await stop.wait()
@@ -588,6 +622,7 @@ class Worker:
 
     def _on_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.pop(task, None)  # its token stays held until the acker settles its outcome
+        self._ended += 1
         self._wake.set()
         if not task.cancelled() and task.exception() is not None:
             log.error("job task crashed", exc_info=task.exception())

@@ -240,8 +240,9 @@ async def fleet(
     """`size` workers in `run(stop)` in this process, settled into their idle sleep, woken by
     their hub alone (not by this process's own wake-up events); stopped at the end."""
     members = []
+    overrides.setdefault("poll_interval", SLOW_POLL)
     for _ in range(size):
-        worker = new_worker(handlers, poll_interval=SLOW_POLL, **overrides)
+        worker = new_worker(handlers, **overrides)
         await worker.start()
         stop = asyncio.Event()
         members.append((worker, stop, asyncio.create_task(worker.run(stop))))
@@ -300,6 +301,61 @@ async def test_a_burst_wakes_as_many_workers_as_it_needs(new_worker: NewWorker) 
         assert sorted(held.by_worker.values()) == [2, 2, 2, 2]
         assert set(held.by_worker) == {w.id for w, _, _ in members}
         held.release.set()
+
+
+async def test_a_burst_of_jobs_that_end_at_once_stays_with_the_worker_that_keeps_up(
+    new_worker: NewWorker,
+) -> None:
+    # the jobs free their slots within `HELP_AFTER_S` of each claim: more workers would only
+    # take turns on the same cores. (Were help asked at every full claim, all 4 would run some.)
+    done = Running()
+    done.release.set()
+    async with fleet(new_worker, done.handlers(), 4, max_concurrent_jobs=2):
+        async with transaction():
+            for n in range(40):
+                await enqueue(Job(job_type="hold", arguments={"n": n}))
+
+        async def all_ran() -> bool:
+            return done.started == 40
+
+        await eventually(all_ran, within=10, what="40 jobs")
+        # one worker, or two where a claim's jobs were held up past `HELP_AFTER_S` (a loaded
+        # machine)
+        assert len(done.by_worker) <= 2, done.by_worker
+
+
+async def test_a_followers_poll_leaves_the_claim_to_its_hub_whose_poll_covers_it(
+    new_worker: NewWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    claims = Counter[int]()
+    real = store.record_and_claim
+
+    async def counted(*args: Any, **kw: Any) -> Any:
+        claims[kw["worker_id"]] += 1
+        return await real(*args, **kw)
+
+    monkeypatch.setattr(store, "record_and_claim", counted)
+    done = Running()
+    done.release.set()
+    poll = 0.1
+    async with fleet(new_worker, done.handlers(), 2, poll_interval=poll) as members:
+        hub_worker = next(w for w, _, _ in members if w._hub is not None and w._hub.leading)
+        follower = next(w for w, _, _ in members if w is not hub_worker)
+        assert hub_worker.id is not None
+        assert follower.id is not None
+        claims.clear()
+        await asyncio.sleep(10 * poll)  # the follower's naps end 3 times, the hub's 10
+        assert claims[follower.id] == 0, claims  # it said it is idle again, claimed nothing
+        assert claims[hub_worker.id] >= 3, claims  # the hub polled
+        # a job with no notification and no wake-up: the hub's poll claims it
+        monkeypatch.setattr(store, "wake_workers", lambda database: None)
+        await enqueue(Job(job_type="hold"))
+
+        async def ran() -> bool:
+            return done.started == 1
+
+        await eventually(ran, within=10, what="the job, claimed at the hub's poll")
+        assert done.by_worker == {hub_worker.id: 1}
 
 
 async def test_when_the_hub_and_the_leader_stop_other_workers_take_their_places(
