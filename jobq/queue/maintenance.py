@@ -31,16 +31,19 @@ class Service:
         self.name = name
         self.interval = interval
         self.run_once = once
-        self.when: Callable[[], bool] | None = None
-        """When set, `run` skips the rounds when it returns False (e.g. not the leader)."""
+        self.when: asyncio.Event | None = None
+        """When given, `run` runs rounds only while this event is set (its worker leads the
+        upkeep), and sleeps until it is: the rest of a fleet's workers run no timer for it."""
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Call `run_once()` now and every `interval` until `stop` is set (skipping the rounds
-        when `when()` is False); a failed round is logged and the next one comes as usual."""
+        """Call `run_once()` now and every `interval` until `stop` is set (while `when` is not
+        set, waiting for it); a failed round is logged and the next one comes as usual."""
         while not stop.is_set():
+            if self.when is not None and not self.when.is_set():
+                await _either(stop, self.when)
+                continue
             try:
-                if self.when is None or self.when():
-                    await self.run_once()
+                await self.run_once()
             except Exception as exc:
                 log.warning("%s failed (%s: %s)", self.name, type(exc).__name__, exc)
             try:
@@ -48,6 +51,16 @@ class Service:
                     await stop.wait()
             except TimeoutError:
                 pass
+
+
+async def _either(*events: asyncio.Event) -> None:
+    """Wait until one of `events` is set."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
 
 
 def rescuer(database: Database, settings: Settings) -> Service:

@@ -104,9 +104,8 @@ class Worker:
         self._hub: Hub | None = None
         self._hub_woke = False
         """The hub woke this worker since its last nap."""
-        self.leader = False
-        """This worker leads the fleet's upkeep (rescue, pruning, schedules, the depth snapshot):
-        its last heartbeat took or renewed the lead (`sql.worker_heartbeat`)."""
+        self._leading = asyncio.Event()
+        """Set while this worker leads the fleet's upkeep (`leader`); its services wait for it."""
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._claim_lock = asyncio.Lock()
@@ -244,8 +243,11 @@ class Worker:
         self._hub_woke = True
         self._wake.set()
 
-    def _leads(self) -> bool:
-        return self.leader
+    @property
+    def leader(self) -> bool:
+        """This worker leads the fleet's upkeep (rescue, pruning, schedules, the depth snapshot):
+        its last heartbeat took or renewed the lead (`sql.worker_heartbeat`)."""
+        return self._leading.is_set()
 
     def cancel_running(self, job_id: int) -> bool:
         """Cancel the handler of job `job_id` if this worker runs it (`Executor.cancel`): the
@@ -295,7 +297,7 @@ class Worker:
             ),
         )
         for service in upkeep:
-            service.when = self._leads
+            service.when = self._leading
         services = [
             asyncio.create_task(s.run(stopped), context=contextvars.Context())
             for s in (
@@ -570,7 +572,10 @@ class Worker:
             )
         for job_id in beat["cancelled"]:
             self.cancel_running(job_id)
-        self.leader = bool(beat["leader"])
+        if beat["leader"]:
+            self._leading.set()
+        else:
+            self._leading.clear()
         if self._hub is not None:
             self._hub.hello()
         if not self.alive and not self._stopping.is_set():
