@@ -15,8 +15,8 @@ datagram are checked, `SO_PASSCRED`):
 
 - follower to hub: `i <queues>` (idle: it has free slots in these queues, comma-separated,
   and its last claim found nothing more there; said again at the end of each of its polls),
-  `m <queues>` (more: its claim filled its slots in these queues and none of its jobs ended
-  within `jobq.queue.worker.HELP_AFTER_S`, or it was woken with no room to claim in them, so
+  `m <queues>` (more: its claim filled its slots in these queues, whose jobs keep them taken,
+  `jobq.queue.worker.SLOW_JOB_S`; or it was woken with no room to claim in them, so
   jobs may be ripe there for another worker), `h` (hello, at each heartbeat, so that the hub
   knows every follower).
 - hub to follower: `w` (wake up and claim), `c <id>` (job `id` was cancelled), `a` (the

@@ -27,7 +27,7 @@ import logging
 import os
 import socket
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any
@@ -68,12 +68,17 @@ jobs that one worker kept up with, each costing the database more per job (`pyth
 fleet`, busy). A follower still claims when woken, when a job it knows of ripens, and, polling
 each poll interval, while its hub does not answer (`Hub.orphaned`)."""
 
-HELP_AFTER_S = 0.005
-"""A worker whose claim filled its slots asks its hub for another worker only if none of its
-jobs ends within this many seconds: jobs that end sooner free slots faster than another
-worker's claim would start, and more workers taking turns on the same cores cost the database
-more per job (`python -m bench fleet`, busy). Slow jobs (a webhook call) keep the slots taken,
-and then a burst wakes as many workers as it needs, one every few milliseconds."""
+SLOW_JOB_S = 0.001
+"""Jobs of a queue that run this many seconds or more, on average in this worker, keep its
+slots taken longer than a claim takes to fill them again (a claim of 16 jobs and their start:
+about 0.5 ms of the worker's time here): a claim that fills that queue's slots asks the host's
+hub for another worker. Faster jobs leave the worker's own loop as what limits it, and more
+workers taking turns on the same cores cost the database more per job (`python -m bench
+fleet`, busy). Before a worker knows how long a queue's jobs run, a claim that fills it waits
+this long for one of them to end, and asks for help if none does."""
+
+RUN_TIME_WEIGHT = 0.2
+"""The weight of a job's run time in its queue's moving average (`Worker._run_s`)."""
 
 
 class Worker:
@@ -120,6 +125,9 @@ class Worker:
         self._tasks: dict[asyncio.Task[None], ClaimedJob] = {}
         self._ended = 0
         """How many of this worker's jobs have ended (their tasks done)."""
+        self._run_s: dict[str, float] = {}
+        """The moving average of the seconds a job runs (its attempt, from its first step), by
+        queue."""
         self.slots = Slots(served_queues(settings, handlers))
         self._limited: set[str] = set()
         """Served queues with limits (as declared here, or as a claim found them declared by
@@ -324,8 +332,9 @@ class Worker:
                             self._recheck and self.free_slots > 0
                         ):
                             continue  # more may be ripe where there is room, or a limit freed
-                        if self._filled and await self._keeps_up(ended):
-                            continue  # a job ended at once: this worker takes the rest alone
+                        unknown = self._filled - self._run_s.keys()
+                        if unknown and await self._keeps_up(ended):
+                            continue  # a job ended at once: the next claim knows how long
                     self._tell_hub(free, took)
                     timeout = self._poll_s() if self.free_slots <= 0 else await self._idle_timeout()
                 except Exception as exc:
@@ -353,7 +362,7 @@ class Worker:
         woken, self._hub_woke = self._hub_woke, False
         if self._hub is None:
             return
-        full = set(self._filled)
+        full = {name for name in self._filled if self._run_s.get(name, SLOW_JOB_S) >= SLOW_JOB_S}
         if woken and not took:
             full |= {name for name, n in free.items() if n <= 0}
         if full:
@@ -364,10 +373,10 @@ class Worker:
 
     async def _keeps_up(self, ended: int) -> bool:
         """Whether one of this worker's jobs ended since its claim began (`ended`: the count
-        of jobs ended then), waiting for one up to `HELP_AFTER_S` (a wake-up for anything else
+        of jobs ended then), waiting for one up to `SLOW_JOB_S` (a wake-up for anything else
         ends the wait)."""
         if self._ended == ended:
-            await self._nap(HELP_AFTER_S)
+            await self._nap(SLOW_JOB_S)
         return self._ended > ended
 
     async def _watch(self, stop: asyncio.Event) -> None:
@@ -620,10 +629,21 @@ class Worker:
         context = contextvars.Context()  # a clean context: never a request's connection
         context.run(db.bind, self.database)
         attempt = self.executor.execute(job, traced=traced, traceparent=traceparent)
-        task = self._loop.create_task(attempt, context=context)
+        task = self._loop.create_task(self._timed(attempt, job.queue), context=context)
         self._tasks[task] = job
         self.slots.take(job)
         task.add_done_callback(self._on_done)
+
+    async def _timed(self, attempt: Coroutine[Any, Any, None], queue: str) -> None:
+        """Run `attempt`, a job of `queue`, and count its run time in the queue's average."""
+        assert self._loop is not None
+        started = self._loop.time()
+        try:
+            await attempt
+        finally:
+            took = self._loop.time() - started
+            average = self._run_s.get(queue, took)
+            self._run_s[queue] = average + RUN_TIME_WEIGHT * (took - average)
 
     def _on_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.pop(task, None)  # its token stays held until the acker settles its outcome

@@ -306,7 +306,7 @@ async def test_a_burst_wakes_as_many_workers_as_it_needs(new_worker: NewWorker) 
 async def test_a_burst_of_jobs_that_end_at_once_stays_with_the_worker_that_keeps_up(
     new_worker: NewWorker,
 ) -> None:
-    # the jobs free their slots within `HELP_AFTER_S` of each claim: more workers would only
+    # the jobs end well within `SLOW_JOB_S` of their start: more workers would only
     # take turns on the same cores. (Were help asked at every full claim, all 4 would run some.)
     done = Running()
     done.release.set()
@@ -319,7 +319,7 @@ async def test_a_burst_of_jobs_that_end_at_once_stays_with_the_worker_that_keeps
             return done.started == 40
 
         await eventually(all_ran, within=10, what="40 jobs")
-        # one worker, or two where a claim's jobs were held up past `HELP_AFTER_S` (a loaded
+        # one worker, or two where a claim's jobs were held up past `SLOW_JOB_S` (a loaded
         # machine)
         assert len(done.by_worker) <= 2, done.by_worker
 
