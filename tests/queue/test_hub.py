@@ -324,6 +324,38 @@ async def test_a_burst_of_jobs_that_end_at_once_stays_with_the_worker_that_keeps
         assert len(done.by_worker) <= 2, done.by_worker
 
 
+async def test_a_burst_of_jobs_that_keep_their_slots_taken_spreads_over_the_workers(
+    new_worker: NewWorker,
+) -> None:
+    # each job runs 50 ms, far above `SLOW_JOB_S`: once a worker knows it, each claim that fills
+    # its 2 slots asks the hub for another worker
+    ran: Counter[int] = Counter()
+    handlers = Registry()
+
+    @handlers.handler("slow", args=Args)
+    async def slow(args: Args, job: JobContext) -> None:
+        await asyncio.sleep(0.05)
+        ran[job.worker_id] += 1
+
+    async with fleet(new_worker, handlers, 4, max_concurrent_jobs=2):
+        for n in range(2):  # a first pair: the worker that runs them learns how long they take
+            await enqueue(Job(job_type="slow", arguments={"n": n}))
+
+        async def first_ran() -> bool:
+            return sum(ran.values()) == 2
+
+        await eventually(first_ran, within=10, what="the first 2 jobs")
+        async with transaction():
+            for n in range(2, 42):
+                await enqueue(Job(job_type="slow", arguments={"n": n}))
+
+        async def all_ran() -> bool:
+            return sum(ran.values()) == 42
+
+        await eventually(all_ran, within=30, what="42 slow jobs")
+        assert len(ran) == 4, ran
+
+
 async def test_a_followers_poll_leaves_the_claim_to_its_hub_whose_poll_covers_it(
     new_worker: NewWorker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
