@@ -3,9 +3,8 @@
 
 - `bench_noop` does nothing: the drain measures the queue alone.
 - `bench_sleep` sleeps `seconds`: a slow job that holds its slot.
-- `bench_stamp` reads the wall clock (`time.time()`) first thing, then records it (and the
-  process that ran it) in `bench_event` in a transaction of its own (after the reading, so the
-  insert never delays it).
+- `bench_stamp` reads the wall clock (`time.time()`) first thing, then records it in
+  `bench_event` in a transaction of its own (after the reading, so the insert never delays it).
   The producer records its own wall-clock reading right after the enqueue's COMMIT returned;
   both run on the same machine, so the two readings compare.
 """
@@ -13,7 +12,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 
 from pydantic import BaseModel
@@ -30,8 +28,7 @@ CREATE TABLE IF NOT EXISTS bench_event (
     job_id     bigint           NOT NULL,
     seq        integer          NOT NULL,
     started_s  double precision NOT NULL,
-    due_s      double precision,
-    pid        integer
+    due_s      double precision
 );
 CREATE TABLE IF NOT EXISTS bench_bare (
     id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -40,9 +37,8 @@ CREATE TABLE IF NOT EXISTS bench_bare (
 );
 """
 """The benchmark's own tables, created beside jobq's in the benchmark database:
-`bench_event` (one row per `bench_stamp` run: when its handler started, in epoch seconds, when
-it was due, for scheduled jobs, and the process that ran it) and `bench_bare` (the bare
-endpoint's inserts)."""
+`bench_event` (one row per `bench_stamp` run: when its handler started, in epoch seconds, and
+when it was due, for scheduled jobs) and `bench_bare` (the bare endpoint's inserts)."""
 
 
 class NoopArgs(BaseModel):
@@ -67,18 +63,15 @@ async def bench_noop(args: NoopArgs, job: JobContext) -> None:
 
 @handler(STAMP, args=StampArgs)
 async def bench_stamp(args: StampArgs, job: JobContext) -> None:
-    """Record when this handler started (wall clock, epoch seconds) and where (its process) in
-    `bench_event`."""
+    """Record when this handler started (wall clock, epoch seconds) in `bench_event`."""
     started_s = time.time()
     async with transaction() as conn:
         await conn.execute(
-            "INSERT INTO bench_event (job_id, seq, started_s, due_s, pid)"
-            " VALUES ($1, $2, $3, $4, $5)",
+            "INSERT INTO bench_event (job_id, seq, started_s, due_s) VALUES ($1, $2, $3, $4)",
             job.id,
             args.seq,
             started_s,
             args.due_s,
-            os.getpid(),
         )
 
 
