@@ -53,7 +53,7 @@ from tests.toolkit.procs import eventually, spawn
 FLEET = 50
 RATE_PER_S = 50.0
 IDLE_JOBS = 500
-PICKUP_JOBS = 500
+PICKUP_JOBS = 1_000
 BUSY_JOBS = 20_000
 SETTLE_S = 12.0
 """Seconds from the last worker's registration to the first measurement: the workers' start-up
