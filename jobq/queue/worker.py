@@ -69,16 +69,17 @@ fleet`, busy). A follower still claims when woken, when a job it knows of ripens
 each poll interval, while its hub does not answer (`Hub.orphaned`)."""
 
 SLOW_JOB_S = 0.001
-"""Jobs of a queue that run this many seconds or more, on average in this worker, keep its
-slots taken longer than a claim takes to fill them again (a claim of 16 jobs and their start:
-about 0.5 ms of the worker's time here): a claim that fills that queue's slots asks the host's
-hub for another worker. Faster jobs leave the worker's own loop as what limits it, and more
-workers taking turns on the same cores cost the database more per job (`python -m bench
-fleet`, busy). Before a worker knows how long a queue's jobs run, a claim that fills it waits
-this long for one of them to end, and asks for help if none does."""
+"""Jobs that run this many seconds or more, on average in this worker by their types, keep
+their queue's slots taken longer than a claim takes to fill them again (a claim of 16 jobs and
+their start: about 0.5 ms of the worker's time here): a claim that fills that queue's slots
+with such jobs asks the host's hub for another worker. Faster jobs leave the worker's own
+loop as what limits it, and more workers taking turns on the same cores cost the database
+more per job (`python -m bench fleet`, busy). Before a worker knows how long a type's jobs
+run, a claim that fills a queue with some waits this long for one of its jobs to end, and asks
+for help if none does."""
 
 RUN_TIME_WEIGHT = 0.2
-"""The weight of a job's run time in its queue's moving average (`Worker._run_s`)."""
+"""The weight of a job's run time in its type's moving average (`Worker._run_s`)."""
 
 
 class Worker:
@@ -119,15 +120,17 @@ class Worker:
         self._next_ripe_at: datetime | None = None
         """What the last round's claim said of the queues it did not fill: when a claim of
         theirs may next find work (None: nothing queued there, no rate window to wait for)."""
-        self._filled: set[str] = set()
-        """The queues of which the last round's claim took as many jobs as they had free slots:
-        more of their jobs may be ripe. Of the others, none was ripe (or unlocked) by then."""
+        self._filled: dict[str, list[str]] = {}
+        """The queues of which the last round's claim took as many jobs as they had free slots
+        (more of their jobs may be ripe), each with the types of the jobs it took there. Of the
+        others, none was ripe (or unlocked) by then."""
         self._tasks: dict[asyncio.Task[None], ClaimedJob] = {}
         self._ended = 0
         """How many of this worker's jobs have ended (their tasks done)."""
         self._run_s: dict[str, float] = {}
         """The moving average of the seconds a job runs (its attempt, from its first step), by
-        queue."""
+        job type: what a type ran before predicts it, where a queue's average would carry one
+        type's run time over to the next (stamps of 2 ms, then a burst of no-ops)."""
         self.slots = Slots(served_queues(settings, handlers))
         self._limited: set[str] = set()
         """Served queues with limits (as declared here, or as a claim found them declared by
@@ -332,7 +335,7 @@ class Worker:
                             self._recheck and self.free_slots > 0
                         ):
                             continue  # more may be ripe where there is room, or a limit freed
-                        unknown = self._filled - self._run_s.keys()
+                        unknown = any(self._run_time(name) is None for name in self._filled)
                         if unknown and await self._keeps_up(ended):
                             continue  # a job ended at once: the next claim knows how long
                     self._tell_hub(free, took)
@@ -362,7 +365,8 @@ class Worker:
         woken, self._hub_woke = self._hub_woke, False
         if self._hub is None:
             return
-        full = {name for name in self._filled if self._run_s.get(name, SLOW_JOB_S) >= SLOW_JOB_S}
+        run_s = {name: self._run_time(name) for name in self._filled}
+        full = {name for name, took in run_s.items() if took is None or took >= SLOW_JOB_S}
         if woken and not took:
             full |= {name for name, n in free.items() if n <= 0}
         if full:
@@ -370,6 +374,13 @@ class Worker:
         room = sorted(name for name, n in free.items() if n > 0)
         if room:
             self._hub.idle(room)
+
+    def _run_time(self, queue: str) -> float | None:
+        """The seconds the jobs that the last claim took in `queue` (one it filled) run, on
+        average by their types' moving averages; None while one of the types has none yet."""
+        types = self._filled[queue]
+        known = [self._run_s[t] for t in types if t in self._run_s]
+        return sum(known) / len(known) if len(known) == len(types) else None
 
     async def _keeps_up(self, ended: int) -> bool:
         """Whether one of this worker's jobs ended since its claim began (`ended`: the count
@@ -494,7 +505,7 @@ class Worker:
         """
         async with self._claim_lock:
             self._claimed = False
-            self._filled = set()
+            self._filled = {}
             batch = self.acker.take()
             claiming = not self._stopping.is_set() and self.alive and self.id is not None
             free = self.slots.free([job for job, _ in batch]) if claiming else {}
@@ -534,7 +545,11 @@ class Worker:
                 self._claimed = True
                 self._next_ripe_at = next_ripe_at
                 taken = Counter(job.queue for job in jobs)
-                self._filled = {name for name, n in free.items() if taken[name] >= n}
+                self._filled = {
+                    name: [job.job_type for job in jobs if job.queue == name]
+                    for name, n in free.items()
+                    if taken[name] >= n
+                }
             traced = bool(jobs) and tracing.active()
             traces = await self._traces(jobs) if traced else {}
             for job in jobs:
@@ -629,21 +644,21 @@ class Worker:
         context = contextvars.Context()  # a clean context: never a request's connection
         context.run(db.bind, self.database)
         attempt = self.executor.execute(job, traced=traced, traceparent=traceparent)
-        task = self._loop.create_task(self._timed(attempt, job.queue), context=context)
+        task = self._loop.create_task(self._timed(attempt, job.job_type), context=context)
         self._tasks[task] = job
         self.slots.take(job)
         task.add_done_callback(self._on_done)
 
-    async def _timed(self, attempt: Coroutine[Any, Any, None], queue: str) -> None:
-        """Run `attempt`, a job of `queue`, and count its run time in the queue's average."""
+    async def _timed(self, attempt: Coroutine[Any, Any, None], job_type: str) -> None:
+        """Run `attempt`, a job of `job_type`, and count its run time in the type's average."""
         assert self._loop is not None
         started = self._loop.time()
         try:
             await attempt
         finally:
             took = self._loop.time() - started
-            average = self._run_s.get(queue, took)
-            self._run_s[queue] = average + RUN_TIME_WEIGHT * (took - average)
+            average = self._run_s.get(job_type, took)
+            self._run_s[job_type] = average + RUN_TIME_WEIGHT * (took - average)
 
     def _on_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.pop(task, None)  # its token stays held until the acker settles its outcome

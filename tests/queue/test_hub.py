@@ -330,6 +330,45 @@ async def test_a_burst_of_jobs_that_end_at_once_stays_with_the_worker_that_keeps
         assert len(done.by_worker) <= 2, done.by_worker
 
 
+async def test_fast_jobs_after_slow_jobs_of_another_type_stay_with_the_worker_that_keeps_up(
+    new_worker: NewWorker,
+) -> None:
+    # run times are learned by job type: the hub's 50 ms "slow" jobs do not make the "hold"
+    # jobs of the same queue after them look slow (a queue's average would, for some 18 jobs,
+    # and each full claim of those would wake one more worker)
+    done = Running()
+    done.release.set()
+    handlers = done.handlers()
+    slow_ran: list[int] = []
+
+    @handlers.handler("slow", args=Args)
+    async def slow(args: Args, job: JobContext) -> None:
+        await asyncio.sleep(0.05)
+        slow_ran.append(job.worker_id)
+
+    async with fleet(new_worker, handlers, 4, max_concurrent_jobs=2) as members:
+        hub_worker = next(w for w, _, _ in members if w._hub is not None and w._hub.leading)
+        for n in range(2):
+            await enqueue(Job(job_type="slow", arguments={"n": n}))
+
+            async def ran() -> bool:
+                return len(slow_ran) == n + 1  # noqa: B023 - awaited within the iteration
+
+            await eventually(ran, within=10, what=f"slow job {n}")
+        assert slow_ran == [hub_worker.id, hub_worker.id]  # the hub wakes itself first
+        async with transaction():
+            for n in range(40):
+                await enqueue(Job(job_type="hold", arguments={"n": n}))
+
+        async def all_ran() -> bool:
+            return done.started == 40
+
+        await eventually(all_ran, within=10, what="40 jobs")
+        # one worker, or two where a claim's jobs were held up past `SLOW_JOB_S` (a loaded
+        # machine)
+        assert len(done.by_worker) <= 2, done.by_worker
+
+
 async def test_a_burst_of_jobs_that_keep_their_slots_taken_spreads_over_the_workers(
     new_worker: NewWorker,
 ) -> None:
