@@ -12,7 +12,8 @@ the fleet has settled (`SETTLE_S`), then measures:
 - `busy`: `BUSY_JOBS` `bench_noop` jobs enqueued by one `enqueue_many`, drained at full speed.
 - pickup latency (on the `idle` line): `PICKUP_JOBS` `bench_stamp` jobs at 50 jobs/s, as
   `pickup_latency` does (the handler's first wall-clock reading minus the producer's reading
-  right after its COMMIT returned), with 1 and with 50 idle workers.
+  right after its COMMIT returned), with 1 and with 50 idle workers; and, where the kernel runs
+  DAMON, the share of a core its threads took during each pickup run (`kdamond_cpu_s`).
 
 Cost is counted over a window from 1.5 s before the load to 1.5 s after its last outcome was
 committed, so the idle fleet's own upkeep in that window (heartbeats, polls, rescues) is
@@ -85,6 +86,23 @@ def server_cpu_s(postmaster: psutil.Process) -> float:
         with contextlib.suppress(psutil.NoSuchProcess):
             child_times = child.cpu_times()
             total += child_times.user + child_times.system
+    return total
+
+
+def kdamond_cpu_s() -> float | None:
+    """CPU seconds of the kernel's DAMON threads (`kdamond.*`), or None where none runs. On a
+    kernel without preemption of kernel code (PREEMPT_NONE, as on the Firecracker VM these
+    figures come from) each of its bursts holds a core for up to tens of milliseconds, and a
+    process woken there waits until the burst yields: its share of a core during the pickup
+    runs is printed next to their p99 (README, "The fleet")."""
+    threads = [p for p in psutil.process_iter(["name"]) if p.info["name"].startswith("kdamond")]
+    if not threads:
+        return None
+    total = 0.0
+    for thread in threads:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = thread.cpu_times()
+            total += times.user + times.system
     return total
 
 
@@ -163,6 +181,9 @@ async def fleet(ctx: Context) -> list[Figures]:
             f"pickup_p99_ms_{FLEET}": many["pickup"]["p99_ms"],
         }
     )
+    if "kdamond_cpu_pct" in one["pickup"] and "kdamond_cpu_pct" in many["pickup"]:
+        lines[0]["pickup_kdamond_cpu_pct_1"] = one["pickup"]["kdamond_cpu_pct"]
+        lines[0][f"pickup_kdamond_cpu_pct_{FLEET}"] = many["pickup"]["kdamond_cpu_pct"]
     lines[1]["jobs_per_s_1"] = round(one["busy"]["jobs_per_s"], 1)
     lines[1][f"jobs_per_s_{FLEET}"] = round(many["busy"]["jobs_per_s"], 1)
     return lines
@@ -235,8 +256,11 @@ async def _paced(job_type: str, count: int, run: int) -> dict[int, float]:
 
 
 async def _pickup(conn: Connection, run: int) -> dict[str, float]:
-    """p50 and p99 pickup latency (ms) of `PICKUP_JOBS` `bench_stamp` jobs at 50 jobs/s."""
+    """p50 and p99 pickup latency (ms) of `PICKUP_JOBS` `bench_stamp` jobs at 50 jobs/s, and
+    the share of a core (%) that the kernel's DAMON threads took meanwhile (`kdamond_cpu_s`)."""
+    kdamond, started = kdamond_cpu_s(), time.perf_counter()
     committed_s = await _paced(STAMP, PICKUP_JOBS, run)
+    kdamond_after, took = kdamond_cpu_s(), time.perf_counter() - started
 
     async def all_ran() -> bool:
         return bool(await conn.fetchval("SELECT count(*) FROM bench_event") >= PICKUP_JOBS)
@@ -244,7 +268,10 @@ async def _pickup(conn: Connection, run: int) -> dict[str, float]:
     await eventually(all_ran, within=30, what="the stamps")
     rows = await conn.fetch("SELECT job_id, started_s FROM bench_event")
     latencies = [r["started_s"] - committed_s[r["job_id"]] for r in rows]
-    return {
+    figures = {
         "p50_ms": round(percentile(latencies, 50) * 1000, 3),
         "p99_ms": round(percentile(latencies, 99) * 1000, 3),
     }
+    if kdamond is not None and kdamond_after is not None:
+        figures["kdamond_cpu_pct"] = round((kdamond_after - kdamond) * 100 / took, 2)
+    return figures
