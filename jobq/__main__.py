@@ -98,7 +98,9 @@ async def work(settings: Settings) -> None:
     from jobq.queue import Worker
 
     dsn = await prepare(settings)
-    database = await Database.open(settings, dsn)
+    # no floor: an idle worker needs no pooled connection, its own statements run on its
+    # listener (`Worker._claim_connection`); its handlers open what they use
+    database = await Database.open(settings, dsn, min_size=0)
     try:
         async with jobs.job_state(settings) as state:
             worker = Worker(database, settings, state=state)

@@ -99,8 +99,9 @@ class Database:
         return self.direct_dsn != self.dsn
 
     @classmethod
-    async def open(cls, settings: Settings, dsn: str) -> Database:
-        """Open a pool of `min_pool_size`..`max_pool_size` connections to `dsn`; `direct_dsn` is
+    async def open(cls, settings: Settings, dsn: str, *, min_size: int | None = None) -> Database:
+        """Open a pool of `min_size` (default `min_pool_size`) to `max_pool_size` connections to
+        `dsn` (those above `min_size` close after 5 minutes unused); `direct_dsn` is
         `settings.direct_database_url`, or `dsn` when unset.
 
         Behind a pooler (the two differ) the pool prepares no named statement (a later use of
@@ -117,7 +118,7 @@ class Database:
             options = {"statement_cache_size": 0}
         pool = await asyncpg.create_pool(
             dsn,
-            min_size=settings.min_pool_size,
+            min_size=settings.min_pool_size if min_size is None else min_size,
             max_size=settings.max_pool_size,
             command_timeout=settings.db_command_timeout.total_seconds(),
             init=_init_connection,

@@ -150,6 +150,36 @@ async def test_kill_9_loses_no_job_and_another_worker_reruns_it_within_seconds(
     assert 0 < rescue_s < 5
 
 
+async def test_an_idle_worker_that_does_not_lead_holds_one_connection_its_listener(
+    procs: Procs, executions: Connection
+) -> None:
+    # its start, heartbeats and polls run on the listener, and its pool keeps no connection
+    # open while no handler uses it (the leader's upkeep uses its pool; behind a pooler,
+    # pooled sessions carry no name at all)
+    conn = executions
+    workers = [procs.start("worker", f"worker{k}", WORKER_ENV) for k in range(2)]
+    ids = [await registered(conn, worker) for worker in workers]
+    beat = await conn.fetchval("SELECT max(heartbeat_at) FROM worker")
+
+    async def led_and_beaten_twice() -> bool:
+        row = await conn.fetchrow(
+            "SELECT min(heartbeat_at) AS beat, (SELECT worker_id FROM job_leader) AS leader"
+            " FROM worker"
+        )
+        assert row is not None
+        return row["leader"] in ids and (row["beat"] - beat).total_seconds() >= 2 * 0.5
+
+    await eventually(led_and_beaten_twice, within=10, what="a leader", running=tuple(workers))
+    leader = await conn.fetchval("SELECT worker_id FROM job_leader")
+    follower = workers[1 - ids.index(leader)]
+    sessions = await conn.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE $1",
+        f"jobq/{follower.pid}@%",
+    )
+    assert sessions == 1
+    check_running(tuple(workers))
+
+
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
 async def test_stop_signal_drains_the_running_job_and_exits_0(
     procs: Procs, executions: Connection, stop_signal: signal.Signals
