@@ -173,9 +173,6 @@ class Worker:
             )
             self._hub.open()
         await self._connect()
-        async with self._claim_lock, self._claim_connection() as conn, conn.transaction():
-            await store.declare_queues(conn, specs.values())
-            await schedule.declare(conn, self.handlers.schedules(), now=clock.now())
         assert self.id is not None
         self.executor.open(self.id)
         store.wakeups.add(self._wake)
@@ -197,7 +194,10 @@ class Worker:
             command_timeout=self.settings.db_command_timeout.total_seconds(),
         )
         try:
-            if self.id is None:
+            if self.id is None:  # the start: declare the queues and schedules, then register
+                async with conn.transaction():
+                    await store.declare_queues(conn, self.handlers.queues().values())
+                    await schedule.declare(conn, self.handlers.schedules(), now=clock.now())
                 self.id = await sql.worker_next_id.fetchval(conn)
             if not await sql.worker_lock.fetchval(conn, worker_id=self.id):
                 raise RuntimeError(f"worker id {self.id} is locked by another session")
@@ -570,8 +570,8 @@ class Worker:
         """The listener while it is connected (so claims need the liveness lock), else a pooled
         connection (to record outcomes while the listener reconnects). Hold `_claim_lock`.
 
-        The listener carries the worker's own statements too (its start's declarations, its
-        heartbeats, the ripe time it asks for), so that an idle worker holds no other
+        The listener carries the worker's own statements too (its heartbeats, the ripe time it
+        asks for; its start's declarations, `_connect`), so that an idle worker holds no other
         connection: a worker process's pool keeps none open (`jobq.__main__.work`). A statement
         cut short there (a killed backend, a cancellation) can leave the connection in a state
         where every later one fails, and its liveness lock in doubt: it is dropped, the next
