@@ -4,7 +4,7 @@ processes, idle and busy, and the pickup latency with 50 idle workers (DESIGN.md
 It runs on a PostgreSQL server of its own (`tests.toolkit.postgres.PostgresInstance`:
 `max_connections` 300, fsync on), so that the CPU time counted is that server's alone. Each
 fleet size starts its workers (`python -m jobq worker`, `bench.handlers`, default settings but a
-pool of 2 connections and a 1 s drain timeout), waits until every one has registered and
+pool of at most 2 connections and a 1 s drain timeout), waits until every one has registered and
 the fleet has settled (`SETTLE_S`), then measures:
 
 - `idle`: `IDLE_JOBS` `bench_noop` jobs, each enqueued in its own transaction by `enqueue`, one
@@ -70,7 +70,6 @@ SLOTS = 16
 WORKER_ENV = {
     "JOBQ_LOG_LEVEL": "WARNING",
     "JOBQ_JOB_MODULES": "bench.handlers",
-    "JOBQ_MIN_POOL_SIZE": "2",
     "JOBQ_MAX_POOL_SIZE": "2",
     "JOBQ_MAX_CONCURRENT_JOBS": str(SLOTS),
     "JOBQ_DRAIN_TIMEOUT_S": "1",
