@@ -98,9 +98,10 @@ async def work(settings: Settings) -> None:
     from jobq.queue import Worker
 
     dsn = await prepare(settings)
-    # no floor: an idle worker needs no pooled connection, its own statements run on its
-    # listener (`Worker._claim_connection`); its handlers open what they use
-    database = await Database.open(settings, dsn, min_size=0)
+    # A floor of one pooled connection (the web's JOBQ_MIN_POOL_SIZE is for requests): the
+    # heartbeats use it, and it is the session of this process that keeps its jobs while its
+    # listener alone reconnects (`queue.sql._ALIVE`); handlers open more as they need them.
+    database = await Database.open(settings, dsn, min_size=1)
     try:
         async with jobs.job_state(settings) as state:
             worker = Worker(database, settings, state=state)

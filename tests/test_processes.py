@@ -150,12 +150,12 @@ async def test_kill_9_loses_no_job_and_another_worker_reruns_it_within_seconds(
     assert 0 < rescue_s < 5
 
 
-async def test_an_idle_worker_that_does_not_lead_holds_one_connection_its_listener(
+async def test_an_idle_worker_that_does_not_lead_holds_two_connections(
     procs: Procs, executions: Connection
 ) -> None:
-    # its start, heartbeats and polls run on the listener, and its pool keeps no connection
-    # open while no handler uses it (the leader's upkeep uses its pool; behind a pooler,
-    # pooled sessions carry no name at all)
+    # its listener, and its pool's floor of one (the heartbeats', and the session that keeps its
+    # jobs while the listener alone reconnects); more only when its handlers need them (the
+    # leader's upkeep uses its pool too)
     conn = executions
     workers = [procs.start("worker", f"worker{k}", WORKER_ENV) for k in range(2)]
     ids = [await registered(conn, worker) for worker in workers]
@@ -176,7 +176,7 @@ async def test_an_idle_worker_that_does_not_lead_holds_one_connection_its_listen
         "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE $1",
         f"jobq/{follower.pid}@%",
     )
-    assert sessions == 1
+    assert sessions == 2
     check_running(tuple(workers))
 
 

@@ -68,10 +68,6 @@ jobs that one worker kept up with, each costing the database more per job (`pyth
 fleet`, busy). A follower still claims when woken, when a job it knows of ripens, and, polling
 each poll interval, while its hub does not answer (`Hub.orphaned`)."""
 
-BEAT_WAIT_S = 1.0
-"""How long a heartbeat waits for the claim in flight on the listener before it takes a pooled
-connection instead (`Worker._beat_connection`)."""
-
 SLOW_JOB_S = 0.001
 """Jobs that run this many seconds or more, on average in this worker by their types, keep
 their queue's slots taken longer than a claim takes to fill them again (a claim of 16 jobs and
@@ -164,6 +160,9 @@ class Worker:
         self._loop = asyncio.get_running_loop()
         specs = self.handlers.queues()
         self._limited = {n for n in self.slots.capacity if has_limits(specs[n])}
+        async with self.database.pool.acquire() as conn, conn.transaction():
+            await store.declare_queues(conn, specs.values())
+            await schedule.declare(conn, self.handlers.schedules(), now=clock.now())
         if hub.SUPPORTED:
             self._hub = Hub(
                 hub.hub_address(self.database.direct_dsn),
@@ -194,10 +193,7 @@ class Worker:
             command_timeout=self.settings.db_command_timeout.total_seconds(),
         )
         try:
-            if self.id is None:  # the start: declare the queues and schedules, then register
-                async with conn.transaction():
-                    await store.declare_queues(conn, self.handlers.queues().values())
-                    await schedule.declare(conn, self.handlers.schedules(), now=clock.now())
+            if self.id is None:
                 self.id = await sql.worker_next_id.fetchval(conn)
             if not await sql.worker_lock.fetchval(conn, worker_id=self.id):
                 raise RuntimeError(f"worker id {self.id} is locked by another session")
@@ -430,7 +426,7 @@ class Worker:
             upcoming = self._next_ripe_at
         else:
             queues = [name for name, free in self.slots.free().items() if free > 0]
-            async with self._claim_lock, self._claim_connection() as conn:
+            async with self.database.pool.acquire() as conn:
                 upcoming = await store.next_ripe_at(conn, now=now, queues=queues)
         if upcoming is None:
             return poll
@@ -532,6 +528,13 @@ class Worker:
                     )
             except BaseException:
                 self.acker.restore(batch)
+                listener = self._listener
+                if listener is not None and not listener.is_closed():
+                    # A statement cut short (a killed backend, a cancellation) can leave the
+                    # connection in a state where every later one fails; its liveness lock is
+                    # in doubt too. Drop it: the next heartbeat connects a fresh one, and the
+                    # heartbeat grace keeps this worker's jobs meanwhile.
+                    listener.terminate()
                 raise
             self.acker.settle(batch, recorded)
             self._limited |= limited  # declared with limits by another worker: claim again
@@ -568,25 +571,12 @@ class Worker:
     @asynccontextmanager
     async def _claim_connection(self) -> AsyncIterator[Connection]:
         """The listener while it is connected (so claims need the liveness lock), else a pooled
-        connection (to record outcomes while the listener reconnects). Hold `_claim_lock`.
-
-        The listener carries the worker's own statements too (its heartbeats, the ripe time it
-        asks for; its start's declarations, `_connect`), so that an idle worker holds no other
-        connection: a worker process's pool keeps none open (`jobq.__main__.work`). A statement
-        cut short there (a killed backend, a cancellation) can leave the connection in a state
-        where every later one fails, and its liveness lock in doubt: it is dropped, the next
-        heartbeat connects a fresh one, and the heartbeat grace keeps this worker's jobs
-        meanwhile."""
-        listener = self._listener
-        if listener is None or listener.is_closed():
+        connection (to record outcomes while the listener reconnects)."""
+        if self._listener is not None and not self._listener.is_closed():
+            yield self._listener
+        else:
             async with self.database.pool.acquire() as conn:
                 yield conn
-            return
-        try:
-            yield listener
-        except BaseException:
-            listener.terminate()
-            raise
 
     async def heartbeat(self) -> int:
         """Extend the leases of the jobs this worker holds to now + lease (and its row's
@@ -594,7 +584,7 @@ class Worker:
         renew the lead of the upkeep (`sql.worker_heartbeat`), say hello to the host's hub,
         then reconnect the listener if it was lost; return how many leases were extended."""
         now = clock.now()
-        async with self._beat_connection() as conn:
+        async with self.database.pool.acquire() as conn:
             beat = await sql.worker_heartbeat.fetchrow(
                 conn,
                 worker_id=self.id,
@@ -620,24 +610,6 @@ class Worker:
             if self._hub is not None and self._hub.leading:
                 self._hub.wake_all()  # notifications were missed while it was away
         return int(beat["leased"])
-
-    @asynccontextmanager
-    async def _beat_connection(self) -> AsyncIterator[Connection]:
-        """The listener (`_claim_connection`) once the claim using it ends, or a pooled
-        connection when that takes over `BEAT_WAIT_S`: a claim may wait long for a limited
-        queue's turn, and the leases must still be extended meanwhile."""
-        try:
-            async with asyncio.timeout(BEAT_WAIT_S):
-                await self._claim_lock.acquire()
-        except TimeoutError:
-            async with self.database.pool.acquire() as conn:
-                yield conn
-            return
-        try:
-            async with self._claim_connection() as conn:
-                yield conn
-        finally:
-            self._claim_lock.release()
 
     async def _release_orphans(self) -> None:
         """After a lost connection: a claim may have committed without its answer reaching this

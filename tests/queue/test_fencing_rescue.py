@@ -167,32 +167,6 @@ async def test_stale_worker_outcome_is_rejected(
     assert await where(conn, created.id) == expected
 
 
-async def test_a_heartbeat_extends_the_leases_while_a_claim_holds_the_listener(
-    conn: Connection, make_worker: MakeWorker
-) -> None:
-    # a claim may wait long for a limited queue's turn: the heartbeat, which runs on the
-    # listener, then takes a pooled connection after `BEAT_WAIT_S` rather than wait for it
-    gate = Gate()
-    worker = await make_worker(gated(gate))
-    with freeze_time(T0, real_asyncio=True) as frozen:
-        created = await enqueue(Job(job_type="gated"))
-        assert await worker.run_once() == 1
-        await gate.wait_entered()
-        frozen.move_to(T0 + timedelta(seconds=3))
-        async with worker._claim_lock:  # a claim in flight
-            assert await asyncio.wait_for(worker.heartbeat(), timeout=10) == 1
-        running = await row(conn, "job_running", created.id)
-        assert running is not None
-        assert running["lease_expires_at"] == T0 + timedelta(seconds=3) + LEASE
-        frozen.move_to(T0 + timedelta(seconds=4))
-        assert await worker.heartbeat() == 1  # on the listener, free again
-        running = await row(conn, "job_running", created.id)
-        assert running is not None
-        assert running["lease_expires_at"] == T0 + timedelta(seconds=4) + LEASE
-    gate.release()
-    await worker.wait_idle()
-
-
 async def test_live_worker_keeps_its_jobs_while_it_heartbeats(
     conn: Connection, make_worker: MakeWorker
 ) -> None:
