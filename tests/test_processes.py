@@ -27,6 +27,7 @@ import pytest
 
 from jobq.db import Connection, Database
 from jobq.queue import Enqueued, Job, enqueue
+from jobq.queue.sql import WORKER_LOCK_CLASS
 from tests.toolkit.handlers import EXECUTION_TABLE, JOB_TYPE
 from tests.toolkit.procs import (
     WEBHOOK_SECRET,
@@ -178,6 +179,59 @@ async def test_an_idle_worker_that_does_not_lead_holds_two_connections(
     )
     assert sessions == 2
     check_running(tuple(workers))
+
+
+async def test_a_worker_whose_listener_alone_drops_keeps_the_job_it_runs(
+    procs: Procs, executions: Connection
+) -> None:
+    # Guarantee 3. While its listener reconnects, a worker counts as alive through another
+    # session of its process (`sql._ALIVE`); its pool's floor is that session, even when its
+    # handler uses no connection (`bench_sleep`). The leader, another worker, rescues meanwhile.
+    conn = executions
+    leader = procs.start(
+        "worker",
+        "leader",
+        {
+            **WORKER_ENV,
+            "JOBQ_JOB_MODULES": "tests.proc_metrics_handlers",
+            "JOBQ_QUEUES": "metrics:1",
+        },
+    )
+    leader_id = await registered(conn, leader)
+
+    async def leads() -> bool:
+        return bool(await conn.fetchval("SELECT worker_id FROM job_leader") == leader_id)
+
+    await eventually(leads, within=10, what="the leader", running=(leader,))
+    runner = procs.start("worker", "runner", {**WORKER_ENV, "JOBQ_JOB_MODULES": "bench.handlers"})
+    runner_id = await registered(conn, runner)
+    job = await enqueue(Job(job_type="bench_sleep", arguments={"seconds": 4}))
+
+    async def claimed() -> int | None:
+        token: int | None = await conn.fetchval(
+            "SELECT token FROM job_running WHERE id = $1 AND worker_id = $2", job.id, runner_id
+        )
+        return token
+
+    token = await eventually(claimed, within=10, what="the claim", running=(leader, runner))
+    kills = 0
+    deadline = time.monotonic() + 2  # ten of the leader's rescue rounds (0.2 s)
+    while time.monotonic() < deadline:  # its listener killed again as soon as it is back
+        kills += await conn.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory'"
+            " AND granted AND classid = $1 AND objsubid = 2 AND objid = $2",
+            WORKER_LOCK_CLASS,
+            runner_id,
+        )
+        assert await claimed() == token
+        await asyncio.sleep(0.01)
+    assert kills >= 2
+
+    async def ended() -> bool:
+        return await places(conn, job.id) == 0
+
+    await eventually(ended, within=10, what="the job's end", running=(runner,))
+    assert await conn.fetchval("SELECT attempts FROM job_done WHERE id = $1", job.id) == 1
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
