@@ -232,6 +232,18 @@ class Running:
 
         return handlers
 
+    async def burst(self, count: int) -> None:
+        """Enqueue `count` "hold" jobs in one transaction (one notification) and wait until
+        all have started (with `release` set: have run)."""
+        async with transaction():
+            for n in range(count):
+                await enqueue(Job(job_type="hold", arguments={"n": n}))
+
+        async def all_started() -> bool:
+            return self.started == count
+
+        await eventually(all_started, within=10, what=f"{count} jobs")
+
 
 @asynccontextmanager
 async def fleet(
@@ -317,14 +329,7 @@ async def test_a_burst_of_jobs_that_end_at_once_stays_with_the_worker_that_keeps
     done = Running()
     done.release.set()
     async with fleet(new_worker, done.handlers(), 4, max_concurrent_jobs=2):
-        async with transaction():
-            for n in range(40):
-                await enqueue(Job(job_type="hold", arguments={"n": n}))
-
-        async def all_ran() -> bool:
-            return done.started == 40
-
-        await eventually(all_ran, within=10, what="40 jobs")
+        await done.burst(40)
         # one worker, or two where a claim's jobs were held up past `SLOW_JOB_S` (a loaded
         # machine)
         assert len(done.by_worker) <= 2, done.by_worker
@@ -356,14 +361,7 @@ async def test_fast_jobs_after_slow_jobs_of_another_type_stay_with_the_worker_th
 
             await eventually(ran, within=10, what=f"slow job {n}")
         assert slow_ran == [hub_worker.id, hub_worker.id]  # the hub wakes itself first
-        async with transaction():
-            for n in range(40):
-                await enqueue(Job(job_type="hold", arguments={"n": n}))
-
-        async def all_ran() -> bool:
-            return done.started == 40
-
-        await eventually(all_ran, within=10, what="40 jobs")
+        await done.burst(40)
         # one worker, or two where a claim's jobs were held up past `SLOW_JOB_S` (a loaded
         # machine)
         assert len(done.by_worker) <= 2, done.by_worker
