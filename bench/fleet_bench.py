@@ -76,16 +76,23 @@ WORKER_ENV = {
 }
 
 
+def _cpu_s(processes: list[psutil.Process]) -> float:
+    """CPU seconds (user + system) of `processes`, those still alive."""
+    total = 0.0
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = process.cpu_times()
+            total += times.user + times.system
+    return total
+
+
 def server_cpu_s(postmaster: psutil.Process) -> float:
     """CPU seconds (user + system) of the server: the postmaster, its reaped children, and its
     children alive now."""
-    times = postmaster.cpu_times()
-    total: float = times.user + times.system + times.children_user + times.children_system
-    for child in postmaster.children():
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child_times = child.cpu_times()
-            total += child_times.user + child_times.system
-    return total
+    reaped = postmaster.cpu_times()
+    return float(reaped.children_user + reaped.children_system) + _cpu_s(
+        [postmaster, *postmaster.children()]
+    )
 
 
 def kdamond_cpu_s() -> float | None:
@@ -95,14 +102,7 @@ def kdamond_cpu_s() -> float | None:
     process woken there waits until the burst yields: its share of a core during the pickup
     runs is printed next to their p99 (README, "The fleet")."""
     threads = [p for p in psutil.process_iter(["name"]) if p.info["name"].startswith("kdamond")]
-    if not threads:
-        return None
-    total = 0.0
-    for thread in threads:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            times = thread.cpu_times()
-            total += times.user + times.system
-    return total
+    return _cpu_s(threads) if threads else None
 
 
 class Meter:
