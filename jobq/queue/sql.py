@@ -355,16 +355,21 @@ def _claiming(record: str, recorded: str, *, limits: bool) -> Query:
     It returns the claimed jobs, then one row per recorded token (id NULL), then one row (id
     and token NULL) whose `ripe_at` is when a claim of the queues it did not fill (fewer ripe
     jobs than free slots) may next find work: their earliest `ripe_at` after `:now`, or the
-    moment a full rate window of theirs opens (NULL: neither).
+    moment a full rate window of those that hold ripe jobs opens (NULL: neither).
     """
     if limits:
+        # a queue with limits takes its turn only when it holds a ripe job: the turn of an empty
+        # queue (its lock, its counts) and its rate windows cost 1.5 ms of each claim of a worker
+        # idle on the application's queues (`python -m bench pickup_latency`)
+        ripe = """, jq, jq.limited AND EXISTS (
+        SELECT FROM job WHERE job.queue = u.name AND job.ripe_at <= :now) AS ripe"""
         turns = """, turns AS (
     -- the limited queues' turns (job_claimable): per queue, its budget, or the jobs it chose
     -- when a key's limit may bind
     SELECT t.*
     FROM (SELECT array_agg(q.jq ORDER BY (q.jq).id) AS queues,
                  array_agg(q.free ORDER BY (q.jq).id) AS free
-          FROM q WHERE q.limited HAVING count(*) > 0) AS a
+          FROM q WHERE q.ripe HAVING count(*) > 0) AS a
     CROSS JOIN LATERAL job_claimable(a.queues, a.free, :now) AS t
 )"""
         lines = """        -- first (it may wait for the queues' turn): the jobs chosen in a turn
@@ -390,8 +395,9 @@ def _claiming(record: str, recorded: str, *, limits: bool) -> Query:
     WHERE t.budget IS NOT NULL AND t.rated AND s.n > 0
 )"""
         skipped = "NULL"
-        rated = "SELECT name FROM unfilled WHERE limited"
+        rated = "SELECT name FROM unfilled WHERE ripe"
     else:
+        ripe = ""
         turns = ""
         lines = """        SELECT j.id FROM (
             SELECT q.name, q.free AS n FROM q WHERE NOT q.limited  -- (skipped: named below)
@@ -402,7 +408,7 @@ def _claiming(record: str, recorded: str, *, limits: bool) -> Query:
         rated = None
     return Query(f"""
 WITH {record}, q AS (
-    SELECT u.name, u.free, coalesce(jq.limited, false) AS limited{", jq" if limits else ""}
+    SELECT u.name, u.free, coalesce(jq.limited, false) AS limited{ripe}
     FROM unnest(:queues::text[], :slots::int[]) AS u(name, free)
     LEFT JOIN job_queue AS jq USING (name)
     WHERE u.free > 0 AND NOT coalesce(jq.paused, false)
@@ -445,7 +451,7 @@ WITH {record}, q AS (
     RETURNING token, id, job_type, arguments, attempts, max_retries, ripe_at, claimed_at, queue,
               concurrency_key
 ){started}, unfilled AS (
-    SELECT q.name, q.limited FROM q
+    SELECT q.* FROM q
     WHERE q.free > (SELECT count(*) FROM running AS r WHERE r.queue = q.name)
       AND {"true" if limits else "NOT q.limited"}
 ), upcoming AS (

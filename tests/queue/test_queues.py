@@ -261,6 +261,38 @@ async def test_a_global_limit_holds_across_workers_claiming_at_once(
     assert await conn.fetchval("SELECT count(*) FROM job") == 0
 
 
+TURN_LOCK = 1785684594
+"""The class of the transaction locks by which the claims of a limited queue take turns (by the
+queue's id: `job_claimable`, sql/016_limits_budget.sql)."""
+
+
+async def test_a_claim_takes_a_limited_queues_turn_only_when_the_queue_holds_a_ripe_job(
+    make_worker: MakeWorker, conn: Connection
+) -> None:
+    """While another claim holds the turn of `capped`, which holds only a job due in an hour, a
+    claim neither waits for the turn nor fails; once a job is ripe there, it waits for the turn,
+    then claims it."""
+    handlers = Overlap().handlers("capped")
+    handlers.queue("capped", max_running=3, rate=Rate(100, timedelta(seconds=1)))
+    worker = await make_worker(handlers, queues={"capped": 4})
+    later = clock.now() + timedelta(hours=1)
+    await enqueue(Job(job_type="work", queue="capped", arguments={"n": 0}, ripe_at=later))
+    queue_id = await conn.fetchval("SELECT id FROM job_queue WHERE name = 'capped'")
+    waiting = (
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1"
+        " AND objid = $2 AND NOT granted"
+    )
+    async with worker.database.pool.acquire() as turn:
+        async with turn.transaction():
+            await turn.execute("SELECT pg_advisory_xact_lock($1, $2)", TURN_LOCK, queue_id)
+            assert await asyncio.wait_for(worker.run_once(), WAIT_S) == 0
+            await enqueue(Job(job_type="work", queue="capped", arguments={"n": 1}))
+            claim = asyncio.create_task(worker.run_once())
+            await eventually(lambda: conn.fetchval(waiting, TURN_LOCK, queue_id), within=WAIT_S)
+            assert not claim.done()
+        assert await claim == 1
+
+
 async def test_a_worker_that_knows_no_limits_respects_those_another_declared(
     new_worker: NewWorker, conn: Connection
 ) -> None:
