@@ -11,7 +11,7 @@ Workloads (what each times: `bench.queue_bench`, `bench.http_bench`, `bench.limi
 `bench.control_bench`, `bench.schedule_bench`, `bench.dashboard_bench`, `bench.metrics_bench`,
 `bench.fleet_bench`, `bench.large_bench`): throughput, pickup_latency, scheduled_lateness,
 http_reminders, enqueue_concurrent, memory, limits_overhead, limits_claim_cpu, queue_isolation,
-held_back_claim, retention_overhead, cancel_latency, wait_wakeup, prune_under_load,
+held_back_claim, rate_held_claim, retention_overhead, cancel_latency, wait_wakeup, prune_under_load,
 schedule_lateness, fleet, dashboard_pages, large_queue, metrics_scrape.
 """
 
@@ -66,6 +66,7 @@ WORKLOADS: dict[str, Spec] = {
     "limits_claim_cpu": Spec(limits_bench.limits_claim_cpu),
     "queue_isolation": Spec(limits_bench.queue_isolation),
     "held_back_claim": Spec(limits_bench.held_back_claim),
+    "rate_held_claim": Spec(limits_bench.rate_held_claim),
     "retention_overhead": Spec(control_bench.retention_overhead, keys=("concurrency",)),
     "cancel_latency": Spec(control_bench.cancel_latency),
     "wait_wakeup": Spec(control_bench.wait_wakeup),

@@ -1,5 +1,5 @@
 """The workloads of queues and limits: `limits_overhead`, `limits_claim_cpu`, `queue_isolation`,
-`held_back_claim`.
+`held_back_claim`, `rate_held_claim`.
 Each function is one run and returns its lines' figures. The queues are `bench.queues`'.
 
 What is timed, exactly:
@@ -32,6 +32,11 @@ What is timed, exactly:
   BUFFERS)`, including those its function `job_claimable` reads (PostgreSQL counts the
   buffers of a function's statements in its Function Scan); `*function_buffers`: those of
   `SELECT * FROM job_claimable(...)` alone (not rolled back: it only reads and locks).
+- `rate_held_claim`: no worker. `bench_rated` (one start a minute) holds 1,000 ripe jobs; one
+  claim (`store.record_and_claim`, 16 free slots, on a connection with the worker's claim
+  session) takes the minute's one, then `RATED_CLAIMS` more are timed: each finds the rate
+  full, claims nothing and tells when its window opens (`job_rate_opens_at`), as the claims of
+  a worker held back by a rate do.
 """
 
 from __future__ import annotations
@@ -358,3 +363,45 @@ async def _claims(conn: Connection) -> dict[str, Any]:
         "p99_ms": _ms(percentile(took, 99)),
         "buffers": top["Shared Hit Blocks"] + top["Shared Read Blocks"],
     }
+
+
+# -- rate_held_claim ---------------------------------------------------------------------------
+
+RATED_JOBS = 1_000
+RATED_CLAIMS = 200
+
+
+async def rate_held_claim(ctx: Context) -> list[Figures]:
+    """Claims of `bench_rated` while its rate holds back its ripe jobs."""
+    await ctx.database.reset()
+    async with ctx.connection() as conn:
+        await store.declare_queues(conn, [registry.queues()[queues.RATED]])
+        await conn.execute(FILL, NOOP, clock.now(), queues.RATED, None, RATED_JOBS)
+        await conn.execute("VACUUM ANALYZE job")
+    conn = await db.connect(ctx.dsn, server_settings=CLAIM_SESSION)
+    try:
+        took = []
+        for n in range(RATED_CLAIMS + 1):
+            now = clock.now()
+            started = time.perf_counter()
+            claimed = await store.record_and_claim(
+                conn,
+                [],
+                worker_id=FAKE_WORKER,
+                max_jobs={queues.RATED: 16},
+                now=now,
+                lease_expires_at=now + timedelta(minutes=5),
+            )
+            took.append(time.perf_counter() - started)
+            assert len(claimed.jobs) == (1 if n == 0 else 0), "the rate did not hold"
+            # (the first claim's own start row is not in its snapshot: no opening yet)
+            assert n == 0 or claimed.next_ripe_at is not None, "no window opening for the timer"
+    finally:
+        await conn.close()
+    return [
+        {
+            "held_jobs": RATED_JOBS - 1,
+            "p50_ms": _ms(percentile(took[1:], 50)),
+            "p99_ms": _ms(percentile(took[1:], 99)),
+        }
+    ]

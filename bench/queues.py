@@ -6,6 +6,7 @@ module (`JOBQ_JOB_MODULES=bench.handlers,bench.queues`; `JOBQ_QUEUES` picks whic
   1,000 running per key, 10,000,000 claims per second, 1,000,000 per key per second.
 - `bench_slow` and `bench_fast`: no limits, for `queue_isolation`.
 - `bench_held`: one job running per key, for `held_back_claim` (which claims in SQL, no worker).
+- `bench_rated`: one start a minute, for `rate_held_claim` (which claims in SQL, no worker).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ LIMITED = "bench_limited"
 SLOW = "bench_slow"
 FAST = "bench_fast"
 HELD = "bench_held"
+RATED = "bench_rated"
 
 SECOND = timedelta(seconds=1)
 
@@ -33,3 +35,4 @@ registry.queue(
 registry.queue(SLOW)
 registry.queue(FAST)
 registry.queue(HELD, max_running_per_key=1)
+registry.queue(RATED, rate=Rate(1, timedelta(minutes=1)))

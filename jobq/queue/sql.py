@@ -326,8 +326,9 @@ def _next_ripe_at(queues: str, rated: str | None) -> str:
     work after `:now`: the earliest `ripe_at` after it of their jobs (one probe of
     job_ripe_at_idx each), or the moment a full rate window of those named by `rated` opens
     (None: no rate windows), whichever comes first (NULL: neither). The rate windows are read
-    only when `rated` names a queue: job_rate_opens_at is planned anew at each call (a few
-    tenths of a millisecond)."""
+    only when `rated` names a queue: with them, a claim held back by a rate takes 0.3-0.6 ms
+    (`python -m bench rate_held_claim`; job_rate_opens_at keeps its plan since
+    sql/017_rate_opens_at_cached.sql), more when it walks many keys."""
     ripe = f"""(SELECT min(n.ripe_at) FROM ({queues}) AS u CROSS JOIN LATERAL (
          SELECT ripe_at FROM job WHERE job.queue = u.name AND ripe_at > :now
          ORDER BY ripe_at LIMIT 1) AS n)"""
