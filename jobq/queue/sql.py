@@ -365,7 +365,7 @@ def _claiming(record: str, recorded: str, *, limits: bool) -> Query:
         # "or some of its jobs end in this claim" (no probe for a busy queue): reading CTE
         # `completed` here moves (part of) its DELETE before the turn, and the journal of
         # `make chaos`'s limits scenario then held up to 4 claims of a key at once (limit 2) in
-        # 2 of 4 runs, against none in 5 without it (why, I did not find).
+        # 2 of 4 runs, against none in 9 without it (why, I did not find).
         ripe = """, jq, jq.limited AND EXISTS (
         SELECT FROM job WHERE job.queue = u.name AND job.ripe_at <= :now) AS ripe"""
         turns = """, turns AS (
