@@ -59,7 +59,7 @@ WORKLOADS: dict[str, Spec] = {
     "throughput": Spec(queue_bench.throughput, keys=("concurrency",)),
     "pickup_latency": Spec(queue_bench.pickup_latency),
     "scheduled_lateness": Spec(queue_bench.scheduled_lateness),
-    "http_reminders": Spec(http_bench.http_reminders),
+    "http_reminders": Spec(http_bench.http_reminders, keys=("server",)),
     "enqueue_concurrent": Spec(queue_bench.enqueue_concurrent, keys=("producers",)),
     "memory": Spec(queue_bench.memory),
     "limits_overhead": Spec(limits_bench.limits_overhead, keys=("concurrency",)),

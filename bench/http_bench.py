@@ -1,10 +1,12 @@
 """The HTTP workload, `http_reminders`: reminders created over HTTP while the workers deliver
 them, against a bare endpoint measured in the same run.
 
-What is measured, exactly: `python -m jobq serve` (hypercorn, one process, its worker running
-in it: `JOBQ_RUN_WORKERS=true`, default settings but `JOBQ_LOG_LEVEL=WARNING`, so no access
-log line per request, `JOBQ_WEBHOOK_ALLOW_PRIVATE=true` for the local receiver and no per-key
-rate limit) on a free port; `USERS` users whose webhook is a `WebhookReceiver` in this
+What is measured, exactly, once per server (`"server"` in the line): `python -m jobq serve`
+(hypercorn, one process, its worker running in it: `JOBQ_RUN_WORKERS=true`), then `python -m
+jobq run` (what `make run` runs: the supervisor, with its web and worker processes, one of each
+per CPU), each with default settings but `JOBQ_LOG_LEVEL=WARNING`, so no access log line per
+request, `JOBQ_WEBHOOK_ALLOW_PRIVATE=true` for the local receiver and no per-key rate limit, on
+a free port and a fresh database; `USERS` users whose webhook is a `WebhookReceiver` in this
 process (keep-alive, signature checked). Then `bench.loadgen.closed_loop`: `CONNECTIONS`
 keep-alive connections for `DURATION_S` seconds, each `POST /users/<id>/reminders` (users in
 turn, each with its API key) due 0.5 to 2 s later, so the worker delivers them while the load
@@ -12,8 +14,8 @@ goes on. `req_per_s`: 201 answers per second; `p50_ms`/`p99_ms`: latency of ever
 `errors`: non-201 answers plus transport errors and timeouts. Then the load stops and
 `delivered` counts the reminders the receiver got within `DELIVERY_WAIT_S`, `drain_s` how long
 after the load the last one arrived. Then `python -m bench.bare` (same settings, same
-hypercorn set-up) under the same load for `BARE_DURATION_S`: `bare_req_per_s`;
-`ratio_to_bare` is req_per_s over it.
+hypercorn set-up, one process) under the same load for `BARE_DURATION_S`: `bare_req_per_s`
+on both lines; `ratio_to_bare` is each line's req_per_s over it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from tests.toolkit.receiver import WebhookReceiver
 USERS = 100
 CONNECTIONS = 32
 DURATION_S = 20.0
+SERVERS = ("serve", "run")
 BARE_DURATION_S = 10.0
 DELIVERY_WAIT_S = 60.0
 WEBHOOK_SECRET = "bench-webhook-secret"  # noqa: S105 (a benchmark's value)
@@ -74,13 +77,25 @@ def reminder_request(users: list[BenchUser], i: int) -> Request:
 
 
 async def http_reminders(ctx: Context) -> list[Figures]:
+    """One line per server (`serve`, then `run`), each with the bare endpoint's rate of this
+    run."""
+    lines = [await _reminders(ctx, command) for command in SERVERS]
+    bare = await _bare(ctx)
+    for line in lines:
+        line["bare_req_per_s"] = round(bare, 1)
+        line["ratio_to_bare"] = round(line["req_per_s"] / bare, 3)
+    return lines
+
+
+async def _reminders(ctx: Context, command: str) -> Figures:
+    """Reminder creations against `python -m jobq <command>` on a fresh database."""
     await ctx.database.reset()
     receiver = WebhookReceiver(secret=WEBHOOK_SECRET)
     await receiver.start()
     port = free_port()
     server = ctx.spawn(
-        "serve",
-        "serve",
+        command,
+        command,
         JOBQ_HTTP_HOST="127.0.0.1",
         JOBQ_HTTP_PORT=str(port),
         **SERVE_ENV,
@@ -102,23 +117,18 @@ async def http_reminders(ctx: Context) -> list[Figures]:
     finally:
         await server.stop()
         await receiver.close()
-    bare = await _bare(ctx)
     created = result.statuses[201]
-    req_per_s = created / result.elapsed_s
-    return [
-        {
-            "req_per_s": round(req_per_s, 1),
-            "p50_ms": round(result.percentile_ms(50), 2),
-            "p99_ms": round(result.percentile_ms(99), 2),
-            "errors": result.answered - created + sum(result.errors.values()),
-            "bare_req_per_s": round(bare, 1),
-            "ratio_to_bare": round(req_per_s / bare, 3),
-            "delivered": receiver.delivered,
-            "undelivered": created - receiver.delivered,
-            "bad_signatures": receiver.bad_signatures,
-            "drain_s": round(max(0.0, last_s - load_end), 2),
-        }
-    ]
+    return {
+        "server": command,
+        "req_per_s": round(created / result.elapsed_s, 1),
+        "p50_ms": round(result.percentile_ms(50), 2),
+        "p99_ms": round(result.percentile_ms(99), 2),
+        "errors": result.answered - created + sum(result.errors.values()),
+        "delivered": receiver.delivered,
+        "undelivered": created - receiver.delivered,
+        "bad_signatures": receiver.bad_signatures,
+        "drain_s": round(max(0.0, last_s - load_end), 2),
+    }
 
 
 async def _bare(ctx: Context) -> float:
