@@ -132,19 +132,32 @@ class _GuardedBackend(httpcore.AsyncNetworkBackend):
         await self._inner.sleep(seconds)
 
 
+WEBHOOK_LIMITS = httpx.Limits(
+    max_connections=None, max_keepalive_connections=20, keepalive_expiry=5
+)
+"""The webhook client's connection pool: no cap on connections, since a worker's slots already
+bound its deliveries, and a lower cap held deliveries to healthy hosts behind those waiting on
+slow ones until the pool's timeout failed them (httpcore's own default, 10, was in force until
+2026-11-26, below a worker's 16 slots); idle connections kept as httpx keeps them by default
+(20, for 5 s)."""
+
+
 class _GuardedTransport(httpx.AsyncHTTPTransport):
     def __init__(self, settings: Settings) -> None:
         super().__init__()
         self._pool = httpcore.AsyncConnectionPool(
             ssl_context=httpx.create_ssl_context(),
+            max_connections=WEBHOOK_LIMITS.max_connections,
+            max_keepalive_connections=WEBHOOK_LIMITS.max_keepalive_connections,
+            keepalive_expiry=WEBHOOK_LIMITS.keepalive_expiry,
             network_backend=_GuardedBackend(settings),
         )
 
 
 def webhook_client(settings: Settings, timeout: httpx.Timeout) -> httpx.AsyncClient:
-    """An `httpx.AsyncClient` for webhook calls: the guarded transport (see the module), no
-    redirects, no proxies from the environment (a proxy would connect on the guard's behalf),
-    `timeout`. Close it (`async with`) when done."""
+    """An `httpx.AsyncClient` for webhook calls: the guarded transport (see the module), with
+    `WEBHOOK_LIMITS`, no redirects, no proxies from the environment (a proxy would connect on
+    the guard's behalf), `timeout`. Close it (`async with`) when done."""
     return httpx.AsyncClient(
         transport=_GuardedTransport(settings),
         timeout=timeout,

@@ -4,8 +4,11 @@ HTTP receiver on 127.0.0.1: signed JSON, retries with backoff, the dead letter, 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
+import re
 import socket
 from datetime import UTC, datetime, timedelta, timezone
 
@@ -16,7 +19,8 @@ from quart.typing import TestClientProtocol as Client
 
 from jobq.config import Settings
 from jobq.db import Connection
-from jobq.jobs.reminders import describe_failure, utc_z
+from jobq.domain.webhooks import webhook_client
+from jobq.jobs.reminders import describe_failure, utc_z, webhook_timeout
 from jobq.queue import Job, enqueue
 from jobq.queue.model import DEFAULT_MAX_RETRIES
 from tests.api.conftest import RunJobs
@@ -243,3 +247,46 @@ def test_a_failed_call_says_what_failed_without_the_url_path() -> None:
 def test_webhook_times_are_utc_with_z() -> None:
     moment = datetime(2031, 3, 4, 11, 0, tzinfo=timezone(timedelta(hours=1)))
     assert utc_z(moment) == "2031-03-04T10:00:00Z"
+
+
+async def test_the_webhook_client_sends_as_many_calls_at_once_as_a_worker_has_slots(
+    settings: Settings,
+) -> None:
+    """A worker's slots (16 by default) all deliver at once: a server on 127.0.0.1 answers no
+    call until all of them are in (or half the read timeout has passed), and sees them all in
+    flight together.
+    The client's pool held back all but 10 (httpcore's default) until calls ended or its
+    timeout failed them: deliveries to healthy hosts waited behind slow ones."""
+    calls = settings.max_concurrent_jobs
+    hold_s = settings.webhook_timeout.total_seconds() / 2
+    in_flight, peak = 0, 0
+    all_in = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal in_flight, peak
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+                await reader.readexactly(int(length.group(1)) if length else 0)
+                in_flight += 1
+                peak = max(peak, in_flight)
+                if in_flight == calls:
+                    all_in.set()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(all_in.wait(), hold_s)
+                in_flight -= 1
+                writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+                await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/hook"
+    try:
+        async with webhook_client(settings, webhook_timeout(settings)) as http:
+            answers = await asyncio.gather(*(http.post(url, content=b"{}") for _ in range(calls)))
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert [a.status_code for a in answers] == [204] * calls
+    assert peak == calls
