@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from collections import Counter
 from datetime import timedelta
 from typing import Any
 
@@ -57,6 +58,7 @@ from jobq.db import Connection
 from jobq.queue import Job, enqueue, enqueue_many, sql, store
 from jobq.queue.model import Outcome, Verdict
 from jobq.queue.registry import registry
+from jobq.queue.slots import Grants
 from jobq.queue.worker import CLAIM_SESSION
 from tests.toolkit.procs import Proc, check_running, registered
 
@@ -203,9 +205,10 @@ def _cpu_ns(pid: int) -> int:
 
 
 async def limits_claim_cpu(ctx: Context) -> list[Figures]:
-    """The server's CPU per claim cycle on `bench_free` and on `bench_limited`, alternated."""
+    """The server's CPU per claim cycle on `bench_free`, on `bench_limited` (a turn at each
+    claim) and on `bench_granted` (claims under grants, as a worker makes them), alternated."""
     await ctx.database.reset()
-    names = (queues.FREE, queues.LIMITED)
+    names = (queues.FREE, queues.LIMITED, queues.GRANTED)
     now = clock.now()
     async with ctx.connection() as conn:
         await store.declare_queues(conn, [registry.queues()[name] for name in names])
@@ -213,6 +216,8 @@ async def limits_claim_cpu(ctx: Context) -> list[Figures]:
             await conn.execute(FILL_KEYED, NOOP, now, name, OVERHEAD_KEYS, CPU_JOBS)
         await conn.execute("VACUUM ANALYZE job")
     conn = await db.connect(ctx.dsn, server_settings=CLAIM_SESSION)
+    grants = Grants()
+    loop = asyncio.get_running_loop()
     try:
         pid: int = await conn.fetchval("SELECT pg_backend_pid()")
         cpu_ms: dict[str, list[float]] = {name: [] for name in names}
@@ -221,29 +226,37 @@ async def limits_claim_cpu(ctx: Context) -> list[Figures]:
         while left:
             for name in sorted(left):
                 now = clock.now()
+                slots = {name: CPU_SLOTS}
+                sent = loop.time()
+                under = grants.claiming(slots, sent) if name == queues.GRANTED else {}
                 before = _cpu_ns(pid)
                 claimed = await store.record_and_claim(
                     conn,
                     outcomes[name],
                     worker_id=FAKE_WORKER,
-                    max_jobs={name: CPU_SLOTS},
+                    max_jobs=slots,
                     now=now,
                     lease_expires_at=now + timedelta(minutes=5),
-                    limits=name == queues.LIMITED,  # as the queue's own worker claims it
+                    limits=name != queues.FREE and not under,  # as a worker claims it
+                    capacity={name: CPU_SLOTS} if name == queues.GRANTED else None,
+                    grants=under,
                 )
                 cpu_ms[name].append((_cpu_ns(pid) - before) / 1e6)
+                grants.claimed(sent, Counter(j.queue for j in claimed.jobs), under, claimed.grants)
                 outcomes[name] = [Outcome(j.token, Verdict.COMPLETE) for j in claimed.jobs]
                 if not claimed.jobs:
                     left.discard(name)
     finally:
         await conn.close()
-    free, limited = (statistics.mean(cpu_ms[name]) for name in names)
+    free, limited, granted = (statistics.mean(cpu_ms[name]) for name in names)
     return [
         {
             "cycles": len(cpu_ms[queues.LIMITED]),
             "free_cpu_ms": round(free, 3),
             "limited_cpu_ms": round(limited, 3),
+            "granted_cpu_ms": round(granted, 3),
             "extra_cpu_ms": round(limited - free, 3),
+            "granted_extra_cpu_ms": round(granted - free, 3),
         }
     ]
 
@@ -325,6 +338,8 @@ async def _claims(conn: Connection) -> dict[str, Any]:
             slots=[1],
             worker_id=FAKE_WORKER + 1,
             lease_expires_at=now + timedelta(minutes=5),
+            capacity=[None],
+            until=[None],
         )
 
     took = []
@@ -351,9 +366,10 @@ async def _claims(conn: Connection) -> dict[str, Any]:
     # the function alone: a Function Scan reads no buffers itself, so these are its statements'
     alone: Any = await conn.fetchval(
         "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM job_claimable("
-        "ARRAY(SELECT jq FROM job_queue AS jq WHERE jq.name = $1), $2, $3)",
+        "ARRAY(SELECT jq FROM job_queue AS jq WHERE jq.name = $1), $2, $3, $4)",
         queues.HELD,
         [1],
+        [None],
         clock.now(),
     )
     scan = alone[0]["Plan"]

@@ -1,12 +1,14 @@
 """A worker's queues and slots: which queues it serves (`JOBQ_QUEUES`, or every declared one),
-and `Slots`, which counts its slots per queue."""
+`Slots`, which counts its slots per queue, and `Grants`, the claims it may make with no turn."""
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
+from datetime import datetime
 
 from jobq.config import Settings
-from jobq.queue.model import ClaimedJob
+from jobq.queue.model import ClaimedJob, Grant
 from jobq.queue.registry import QueueSpec, Registry
 
 
@@ -59,6 +61,46 @@ class Slots:
     @property
     def num_free(self) -> int:
         return sum(max(0, n) for n in self.free().values())
+
+
+class Grants:
+    """The grants a worker holds (sql/018_limits_grants.sql): per queue with limits, how many
+    jobs it may still claim with no turn, until the grant's end (`Grant.until`, the server's
+    clock) and, by the event loop's clock, before it (the span from the claim that got it).
+    The server checks each grant's end again; these counts keep its starts."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[int, datetime, float]] = {}  # starts left, until, deadline
+
+    def claiming(self, free: dict[str, int], at: float) -> dict[str, datetime]:
+        """The grants that a claim at loop time `at` (seconds) makes its claims under: per
+        queue, the grant's end. Trims `free` (slots per queue) to each grant's starts left."""
+        under = {}
+        for name, (left, until, deadline) in list(self._held.items()):
+            if left <= 0 or at >= deadline:
+                del self._held[name]
+            elif free.get(name, 0) > 0:
+                free[name] = min(free[name], left)
+                under[name] = until
+        return under
+
+    def claimed(
+        self, at: float, taken: Counter[str], under: dict[str, datetime], made: dict[str, Grant]
+    ) -> None:
+        """Count the claim sent at loop time `at` (seconds): `taken` jobs per queue, made under
+        the grants `under` (`claiming`'s), and the grants its turns `made`."""
+        for name in under.keys() & self._held.keys():
+            left, until, deadline = self._held[name]
+            self._held[name] = (left - taken[name], until, deadline)
+        for name, grant in made.items():
+            deadline = at + grant.span.total_seconds()
+            self._held[name] = (grant.starts - taken[name], grant.until, deadline)
+
+    def forfeit(self, names: Iterable[str]) -> None:
+        """Give up the grants of queues `names` (a claim under them failed, and may have
+        committed)."""
+        for name in names:
+            self._held.pop(name, None)
 
 
 def has_limits(spec: QueueSpec) -> bool:

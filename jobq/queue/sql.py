@@ -340,6 +340,11 @@ def _next_ripe_at(queues: str, rated: str | None) -> str:
 )"""
 
 
+_GRANT_HOLDS = "u.until IS NOT NULL AND job_grant_holds(jq.id, u.until)"
+"""Whether the claim of queue `u` is made under a grant of the worker's that still holds: it then
+takes the queue's line as a queue without limits does, with no turn (sql/018_limits_grants.sql)."""
+
+
 def _claiming(record: str, recorded: str, *, limits: bool) -> Query:
     """A statement that records outcomes (CTEs `record`, tokens in CTE `recorded`) and claims
     ripe jobs for `worker` in one go: up to `slots[i]` jobs of queue `queues[i]` (the jobs whose
@@ -366,16 +371,24 @@ def _claiming(record: str, recorded: str, *, limits: bool) -> Query:
         # `completed` here moves (part of) its DELETE before the turn, and the journal of
         # `make chaos`'s limits scenario then held up to 4 claims of a key at once (limit 2) in
         # 2 of 4 runs, against none in 9 without it (why, I did not find).
-        ripe = """, jq, jq.limited AND EXISTS (
+        source = f"""unnest(:queues::text[], :slots::int[], :capacity::int[],
+                        :until::timestamptz[]) AS u(name, free, capacity, until)
+    LEFT JOIN job_queue AS jq USING (name)
+    CROSS JOIN LATERAL (
+        SELECT coalesce(jq.limited, false) AND NOT ({_GRANT_HOLDS}) AS limited
+        OFFSET 0  -- once per queue
+    ) AS g"""
+        columns = """g.limited, u.capacity, jq, g.limited AND EXISTS (
         SELECT FROM job WHERE job.queue = u.name AND job.ripe_at <= :now) AS ripe"""
         turns = """, turns AS (
     -- the limited queues' turns (job_claimable): per queue, its budget, or the jobs it chose
     -- when a key's limit may bind
     SELECT t.*
     FROM (SELECT array_agg(q.jq ORDER BY (q.jq).id) AS queues,
-                 array_agg(q.free ORDER BY (q.jq).id) AS free
+                 array_agg(q.free ORDER BY (q.jq).id) AS free,
+                 array_agg(q.capacity ORDER BY (q.jq).id) AS capacity
           FROM q WHERE q.ripe HAVING count(*) > 0) AS a
-    CROSS JOIN LATERAL job_claimable(a.queues, a.free, :now) AS t
+    CROSS JOIN LATERAL job_claimable(a.queues, a.free, a.capacity, :now) AS t
 )"""
         lines = """        -- first (it may wait for the queues' turn): the jobs chosen in a turn
         SELECT unnest(t.ids) FROM turns AS t
@@ -389,21 +402,33 @@ def _claiming(record: str, recorded: str, *, limits: bool) -> Query:
         claimed_at = "coalesce((SELECT t.claimed_at FROM turns AS t WHERE t.queue = c.queue), :now)"
         started = """, started AS (
     -- the start rows of the turns that took their line here (their keys folded in when
-    -- `keyed`); a turn that chose its jobs wrote theirs (job_claimable)
-    INSERT INTO job_rate (queue, concurrency_key, at, seq, n, keys)
-    SELECT t.queue, '', t.claimed_at, t.seq + s.n, s.n, s.keys
+    -- `keyed`), or their grants; a turn that chose its jobs wrote theirs (job_claimable)
+    INSERT INTO job_rate (queue, concurrency_key, at, seq, n, keys, until, reserved)
+    SELECT t.queue, '', t.claimed_at, t.seq + coalesce(t.granted, s.n),
+           coalesce(t.granted, s.n), CASE WHEN t.granted IS NULL THEN s.keys END, t.until,
+           t.reserved
     FROM turns AS t CROSS JOIN LATERAL (
         SELECT count(*) AS n, CASE WHEN t.keyed THEN array_agg(r.concurrency_key)
                                    FILTER (WHERE r.concurrency_key IS NOT NULL) END AS keys
         FROM running AS r WHERE r.queue = t.queue
     ) AS s
-    WHERE t.budget IS NOT NULL AND t.rated AND s.n > 0
+    WHERE t.budget IS NOT NULL AND (t.granted IS NOT NULL OR t.rated AND s.n > 0)
 )"""
+        grants = """
+UNION ALL
+-- the grants (id and token NULL, `attempts` the grant's starts): from the server's clock at the
+-- grant (`ripe_at`) until `claimed_at`
+SELECT NULL, NULL, NULL, NULL, t.granted, NULL, t.until - job_grant_span(), t.until, t.queue, NULL
+FROM turns AS t WHERE t.granted IS NOT NULL"""
         skipped = "NULL"
         rated = "SELECT name FROM unfilled WHERE ripe"
     else:
-        ripe = ""
+        source = """unnest(:queues::text[], :slots::int[], :until::timestamptz[])
+        AS u(name, free, until)
+    LEFT JOIN job_queue AS jq USING (name)"""
+        columns = f"coalesce(jq.limited, false) AND NOT ({_GRANT_HOLDS}) AS limited"
         turns = ""
+        grants = ""
         lines = """        SELECT j.id FROM (
             SELECT q.name, q.free AS n FROM q WHERE NOT q.limited  -- (skipped: named below)
         ) AS l """
@@ -413,9 +438,8 @@ def _claiming(record: str, recorded: str, *, limits: bool) -> Query:
         rated = None
     return Query(f"""
 WITH {record}, q AS (
-    SELECT u.name, u.free, coalesce(jq.limited, false) AS limited{ripe}
-    FROM unnest(:queues::text[], :slots::int[]) AS u(name, free)
-    LEFT JOIN job_queue AS jq USING (name)
+    SELECT u.name, u.free, {columns}
+    FROM {source}
     WHERE u.free > 0 AND NOT coalesce(jq.paused, false)
 ){turns}, claimed AS (
     DELETE FROM job
@@ -470,7 +494,7 @@ UNION ALL
 SELECT token, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM {recorded}
 WHERE {NOTIFY_ENDED.format(source="ended")}
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, ripe_at, NULL, {skipped}, NULL FROM upcoming
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, ripe_at, NULL, {skipped}, NULL FROM upcoming{grants}
 """)
 
 

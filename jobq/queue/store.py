@@ -24,7 +24,7 @@ from jobq.db import (
 from jobq.db import conn as current_conn
 from jobq.errors import DuplicateJob
 from jobq.queue import metrics, sql
-from jobq.queue.model import ClaimedJob, Enqueued, Job, Outcome, Unique, Verdict
+from jobq.queue.model import ClaimedJob, Enqueued, Grant, Job, Outcome, Unique, Verdict
 from jobq.queue.notify import notifier
 from jobq.queue.registry import DEFAULT_QUEUE, QueueSpec, Registry, registry
 
@@ -248,12 +248,14 @@ class Claimed(NamedTuple):
     and `next_ripe_at`: when a claim of the queues it did not fill may next find work (the
     earliest `ripe_at` after `now` of their jobs, or the moment a full rate window of theirs
     opens; None: neither), as `next_ripe_at()` would tell; `limited`: the queues with limits
-    that a claim without `limits` skipped (claim them with `limits`)."""
+    that a claim without `limits` skipped (claim them with `limits`); `grants`: per queue, the
+    grant a turn of this claim made."""
 
     jobs: list[ClaimedJob]
     recorded: set[int]
     next_ripe_at: datetime | None
-    limited: frozenset[str] = frozenset()
+    limited: frozenset[str]
+    grants: dict[str, Grant]
 
 
 async def record_and_claim(
@@ -266,6 +268,8 @@ async def record_and_claim(
     lease_expires_at: datetime,
     retain: bool = True,
     limits: bool = True,
+    capacity: Mapping[str, int] | None = None,
+    grants: Mapping[str, datetime] | None = None,
 ) -> Claimed:
     """Record `outcomes` (as `record` does) and claim up to `max_jobs` (as `claim` does) in one
     statement, so that the jobs whose outcome is recorded free the slots the claim fills.
@@ -273,16 +277,23 @@ async def record_and_claim(
     `retain`: keep the jobs that end in `job_done` (False: retention is off). `limits` False:
     a worker that serves no queue with limits (a cheaper statement); a queue that has limits
     is then not claimed, and is named in `Claimed.limited`.
+    `grants`: per queue, the end (`Grant.until`) of the grant its claim is made under (at most
+    the grant's starts left: the caller counts them down); a queue with limits claimed under a
+    grant that holds needs no `limits`. With `limits`, `capacity` (the worker's slots per
+    queue) asks the queues' turns for grants (`Claimed.grants`).
 
     Raises: `asyncpg.PostgresError` (then nothing happened).
     """
     slots = {DEFAULT_QUEUE: max_jobs} if isinstance(max_jobs, int) else max_jobs
-    claiming = {
+    claiming: dict[str, Any] = {
         "queues": list(slots),
         "slots": list(slots.values()),
         "worker_id": worker_id,
         "lease_expires_at": lease_expires_at,
     }
+    claiming["until"] = [(grants or {}).get(name) for name in slots]
+    if limits:
+        claiming["capacity"] = [(capacity or {}).get(name) for name in slots]
     args = _outcome_args(outcomes, now, retain)
     if all(o.verdict is Verdict.COMPLETE for o in outcomes):
         completed = {k: args[k] for k in ("completed", "results", "retain", "now")}
@@ -309,14 +320,21 @@ async def record_and_claim(
     ]
     recorded = {r["token"] for r in rows if r["id"] is None and r["token"] is not None}
     upcoming = [r for r in rows if r["id"] is None and r["token"] is None]
+    made = {
+        r["queue"]: Grant(r["attempts"], r["claimed_at"], r["claimed_at"] - r["ripe_at"])
+        for r in upcoming
+        if r["attempts"] is not None
+    }
+    upcoming = [r for r in upcoming if r["attempts"] is None]
     if not upcoming:
-        return Claimed(jobs, recorded, None)
+        return Claimed(jobs, recorded, None, frozenset(), made)
     skipped = upcoming[0]["queue"]
     return Claimed(
         jobs,
         recorded,
         upcoming[0]["ripe_at"],
         frozenset(skipped.split(",")) if skipped else frozenset(),
+        made,
     )
 
 

@@ -44,7 +44,7 @@ from jobq.queue.hub import Hub
 from jobq.queue.maintenance import Service, pruner, rescuer
 from jobq.queue.model import ClaimedJob
 from jobq.queue.registry import Registry, registry
-from jobq.queue.slots import Slots, has_limits, served_queues
+from jobq.queue.slots import Grants, Slots, has_limits, served_queues
 
 log = logging.getLogger("jobq.worker")
 
@@ -136,6 +136,7 @@ class Worker:
         """Served queues with limits (as declared here, or as a claim found them declared by
         another worker): their claims may be held back by jobs still running. While there is
         none, the claims use the smaller statement without limits (`store.record_and_claim`)."""
+        self.grants = Grants()
         self._recheck = False
         """The last claim recorded outcomes of limited queues: claim again (it frees capacity
         that the same statement could not see); or it skipped queues found to have limits."""
@@ -514,9 +515,11 @@ class Worker:
             if not batch and not free:
                 return 0
             now = clock.now()
+            sent = asyncio.get_running_loop().time()
+            under = self.grants.claiming(free, sent)
             try:
                 async with self._claim_connection() as conn:
-                    jobs, recorded, next_ripe_at, limited = await store.record_and_claim(
+                    claimed = await store.record_and_claim(
                         conn,
                         [outcome for _, outcome in batch],
                         worker_id=self.id or 0,
@@ -524,10 +527,13 @@ class Worker:
                         now=now,
                         lease_expires_at=now + self.settings.lease,
                         retain=self.settings.retain,
-                        limits=bool(self._limited),
+                        limits=any(n in self._limited and n not in under for n in free),
+                        capacity=self.slots.capacity,
+                        grants=under,
                     )
             except BaseException:
                 self.acker.restore(batch)
+                self.grants.forfeit(under)  # the claim may have committed: its starts unknown
                 listener = self._listener
                 if listener is not None and not listener.is_closed():
                     # A statement cut short (a killed backend, a cancellation) can leave the
@@ -536,6 +542,8 @@ class Worker:
                     # heartbeat grace keeps this worker's jobs meanwhile.
                     listener.terminate()
                 raise
+            jobs, recorded, next_ripe_at, limited, made = claimed
+            self.grants.claimed(sent, Counter(job.queue for job in jobs), under, made)
             self.acker.settle(batch, recorded)
             self._limited |= limited  # declared with limits by another worker: claim again
             self._recheck = bool(free) and (

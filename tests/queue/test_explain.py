@@ -66,7 +66,10 @@ def claim_args(statement: str, tokens: list[int], now: datetime) -> dict[str, ob
         "slots": [10],
         "worker_id": 1,
         "lease_expires_at": now + timedelta(seconds=30),
+        "until": [None],
     }
+    if "unlimited" not in statement:
+        claiming["capacity"] = [10]
     if statement in ("job_claim", "job_claim_unlimited"):
         completed = {"completed": tokens, "results": [None] * len(tokens), "retain": True}
         return {**completed, "now": now, **claiming}
@@ -109,6 +112,8 @@ async def running(conn: Connection) -> list[int]:
         slots=[3000],
         worker_id=1,
         lease_expires_at=now + timedelta(seconds=30),
+        capacity=[None],
+        until=[None],
     )
     await conn.execute("ANALYZE job_running")
     return [r["token"] for r in rows if r["id"] is not None]
@@ -241,6 +246,8 @@ async def test_the_claim_never_walks_the_jobs_scheduled_later(
         "slots": ("int[]", "'{16}'"),
         "worker_id": ("int", "1"),
         "lease_expires_at": ("timestamptz", f"'{later.isoformat()}'"),
+        "capacity": ("int[]", "'{NULL}'"),
+        "until": ("timestamptz[]", "'{NULL}'"),
     }
     types = ", ".join(given[name][0] for name in sql.job_claim.params)
     values = ", ".join(given[name][1] for name in sql.job_claim.params)
