@@ -239,7 +239,7 @@ async def limits_claim_cpu(ctx: Context) -> list[Figures]:
                     lease_expires_at=now + timedelta(minutes=5),
                     limits=name != queues.FREE and not under,  # as a worker claims it
                     capacity={name: CPU_SLOTS} if name == queues.GRANTED else None,
-                    grants=under,
+                    grants={name: grant.until for name, grant in under.items()},
                 )
                 cpu_ms[name].append((_cpu_ns(pid) - before) / 1e6)
                 grants.claimed(sent, Counter(j.queue for j in claimed.jobs), under, claimed.grants)

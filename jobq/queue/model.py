@@ -119,11 +119,13 @@ class ClaimedJob:
 
 
 class Grant(NamedTuple):
-    """A queue's turn let the worker claim up to `starts` of the queue's jobs (those of the claim
-    that got it included) with no turn, for `span` (sql/018_limits_grants.sql); `until`: its
-    end by the server's clock, which each claim under it passes back."""
+    """A queue's turn let the worker claim up to `starts` of the queue's jobs (the claim that got
+    it included) with no turn, for `span` (sql/018_limits_grants.sql). `at`: its time in the
+    queue's rate windows (aware UTC; a claim under it is stamped no earlier); `until`: its end
+    by the server's clock, which each claim under it passes back."""
 
     starts: int
+    at: datetime
     until: datetime
     span: timedelta
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from datetime import datetime
 
 from jobq.config import Settings
 from jobq.queue.model import ClaimedJob, Grant
@@ -64,37 +63,36 @@ class Slots:
 
 
 class Grants:
-    """The grants a worker holds (sql/018_limits_grants.sql): per queue with limits, how many
-    jobs it may still claim with no turn, until the grant's end (`Grant.until`, the server's
-    clock) and, by the event loop's clock, before it (the span from the claim that got it).
-    The server checks each grant's end again; these counts keep its starts."""
+    """The grants a worker holds (sql/018_limits_grants.sql): per queue with limits, the grant
+    and how many jobs it may still claim under it, before its deadline by the event loop's clock
+    (its span from the claim that got it: never after its end by the server's clock, which the
+    server checks again)."""
 
     def __init__(self) -> None:
-        self._held: dict[str, tuple[int, datetime, float]] = {}  # starts left, until, deadline
+        self._held: dict[str, tuple[Grant, int, float]] = {}  # grant, starts left, deadline
 
-    def claiming(self, free: dict[str, int], at: float) -> dict[str, datetime]:
-        """The grants that a claim at loop time `at` (seconds) makes its claims under: per
-        queue, the grant's end. Trims `free` (slots per queue) to each grant's starts left."""
+    def claiming(self, free: dict[str, int], at: float) -> dict[str, Grant]:
+        """The grants that a claim at loop time `at` (seconds) makes its claims under, per queue.
+        Trims `free` (slots per queue) to each one's starts left."""
         under = {}
-        for name, (left, until, deadline) in list(self._held.items()):
+        for name, (grant, left, deadline) in list(self._held.items()):
             if left <= 0 or at >= deadline:
                 del self._held[name]
             elif free.get(name, 0) > 0:
                 free[name] = min(free[name], left)
-                under[name] = until
+                under[name] = grant
         return under
 
     def claimed(
-        self, at: float, taken: Counter[str], under: dict[str, datetime], made: dict[str, Grant]
+        self, at: float, taken: Counter[str], under: dict[str, Grant], made: dict[str, Grant]
     ) -> None:
         """Count the claim sent at loop time `at` (seconds): `taken` jobs per queue, made under
         the grants `under` (`claiming`'s), and the grants its turns `made`."""
         for name in under.keys() & self._held.keys():
-            left, until, deadline = self._held[name]
-            self._held[name] = (left - taken[name], until, deadline)
+            grant, left, deadline = self._held[name]
+            self._held[name] = (grant, left - taken[name], deadline)
         for name, grant in made.items():
-            deadline = at + grant.span.total_seconds()
-            self._held[name] = (grant.starts - taken[name], grant.until, deadline)
+            self._held[name] = (grant, grant.starts - taken[name], at + grant.span.total_seconds())
 
     def forfeit(self, names: Iterable[str]) -> None:
         """Give up the grants of queues `names` (a claim under them failed, and may have

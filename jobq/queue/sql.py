@@ -416,9 +416,10 @@ def _claiming(record: str, recorded: str, *, limits: bool) -> Query:
 )"""
         grants = """
 UNION ALL
--- the grants (id and token NULL, `attempts` the grant's starts): from the server's clock at the
--- grant (`ripe_at`) until `claimed_at`
-SELECT NULL, NULL, NULL, NULL, t.granted, NULL, t.until - job_grant_span(), t.until, t.queue, NULL
+-- the grants (id and token NULL): `attempts` its starts, `max_retries` its span (ms), `ripe_at`
+-- its time in the rate windows, `claimed_at` its end (`until`, the server's clock)
+SELECT NULL, NULL, NULL, NULL, t.granted,
+       (extract(epoch FROM job_grant_span()) * 1000)::int, t.claimed_at, t.until, t.queue, NULL
 FROM turns AS t WHERE t.granted IS NOT NULL"""
         skipped = "NULL"
         rated = "SELECT name FROM unfilled WHERE ripe"

@@ -321,7 +321,9 @@ async def record_and_claim(
     recorded = {r["token"] for r in rows if r["id"] is None and r["token"] is not None}
     upcoming = [r for r in rows if r["id"] is None and r["token"] is None]
     made = {
-        r["queue"]: Grant(r["attempts"], r["claimed_at"], r["claimed_at"] - r["ripe_at"])
+        r["queue"]: Grant(
+            r["attempts"], r["ripe_at"], r["claimed_at"], timedelta(milliseconds=r["max_retries"])
+        )
         for r in upcoming
         if r["attempts"] is not None
     }

@@ -514,9 +514,11 @@ class Worker:
             self._recheck = False
             if not batch and not free:
                 return 0
-            now = clock.now()
             sent = asyncio.get_running_loop().time()
             under = self.grants.claiming(free, sent)
+            # never stamped before a grant's time in the rate windows (another host's clock set
+            # it, maybe ahead of this one's)
+            now = max([clock.now(), *(grant.at for grant in under.values())])
             try:
                 async with self._claim_connection() as conn:
                     claimed = await store.record_and_claim(
@@ -529,7 +531,7 @@ class Worker:
                         retain=self.settings.retain,
                         limits=any(n in self._limited and n not in under for n in free),
                         capacity=self.slots.capacity,
-                        grants=under,
+                        grants={name: grant.until for name, grant in under.items()},
                     )
             except BaseException:
                 self.acker.restore(batch)

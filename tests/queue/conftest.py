@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from jobq.config import Settings
-from jobq.db import Database
+from jobq.db import Connection, Database
 from jobq.queue import Registry, Worker
+from tests import claim_log
 from tests.conftest import make_settings
 
 OpenDatabase = Callable[..., Awaitable[Database]]
@@ -46,3 +47,11 @@ async def new_worker(database: Database, settings: Settings) -> AsyncIterator[Ne
     yield new
     for worker in built:
         await worker.abort()
+
+
+@pytest.fixture
+async def claims(conn: Connection) -> AsyncIterator[Connection]:
+    """`conn`, with every claim journaled in `test_claim` (see `tests.claim_log`)."""
+    await claim_log.install(conn)
+    yield conn
+    await claim_log.uninstall(conn)

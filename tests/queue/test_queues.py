@@ -44,14 +44,6 @@ class Args(BaseModel):
     hold_s: float = 0.0
 
 
-@pytest.fixture
-async def claims(conn: Connection) -> AsyncIterator[Connection]:
-    """`conn`, with every claim journaled in `test_claim` (see `tests.claim_log`)."""
-    await claim_log.install(conn)
-    yield conn
-    await claim_log.uninstall(conn)
-
-
 @asynccontextmanager
 async def running_workers(
     new_worker: NewWorker, handlers: Registry, num: int, **overrides: Any
