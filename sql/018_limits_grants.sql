@@ -105,13 +105,18 @@ END $$;
 DROP FUNCTION job_claimable(job_queue[], integer[], timestamptz);
 
 -- job_claimable (sql/016_limits_budget.sql), with grants: p_capacity[i], when not NULL, is the
--- claiming worker's slots in queue i, and asks for a grant. A row that grants has `granted`
+-- claiming worker's slots in queue i, and asks for a grant; p_until[i], when not NULL, is the end
+-- of the grant the worker claims queue i under. A grant's lock is taken shared in the turns'
+-- order (by the queues' ids), never before a turn of a queue that comes later: a claim that held
+-- one queue's lock shared while it waited for another's turn could wait for a claim that waits
+-- for it. A grant that cannot take its lock shared (a turn is under way) takes the turn. A row that grants has `granted`
 -- (the grant's starts, this claim's included: at least `budget`), `until` and `reserved`; the
 -- caller writes it as the queue's start row (`seq` plus `granted`). Every count of a turn adds
 -- the grants': the reservations to the running jobs, and to each window's starts the grants
 -- made before the window that overlap it (those made within it are in its `seq`).
 CREATE FUNCTION job_claimable(
-    p_queues job_queue[], p_slots integer[], p_capacity integer[], p_now timestamptz
+    p_queues job_queue[], p_slots integer[], p_capacity integer[], p_until timestamptz[],
+    p_now timestamptz
 )
 RETURNS TABLE (
     queue text, claimed_at timestamptz, budget integer, seq bigint, rated boolean,
@@ -145,6 +150,31 @@ BEGIN
         v_free := p_slots[i];
         v_capacity := p_capacity[i];
         CONTINUE WHEN coalesce(v_free, 0) <= 0;
+        IF p_until[i] > clock_timestamp() AND pg_try_advisory_xact_lock_shared(1785684594, q.id)
+        THEN
+            -- a claim under the worker's grant: the line, up to the free slots, no count. Its
+            -- end is read again after the lock (job_grant_holds); passed meanwhile, the queue is
+            -- skipped (`granted` 0: the worker claims it again with its turn), for this claim
+            -- holds the lock shared now and must not wait for it whole (two such claims would
+            -- wait for each other).
+            queue := q.name;
+            claimed_at := p_now;
+            seq := NULL;
+            rated := false;
+            keyed := NULL;
+            ids := NULL;
+            until := NULL;
+            reserved := NULL;
+            IF p_until[i] > clock_timestamp() THEN
+                budget := v_free;
+                granted := NULL;
+            ELSE
+                budget := 0;
+                granted := 0;
+            END IF;
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
         IF NOT pg_try_advisory_xact_lock(1785684594, q.id) THEN  -- a simple expression first:
             PERFORM pg_advisory_xact_lock(1785684594, q.id);      -- no statement to run
         END IF;

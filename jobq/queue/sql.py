@@ -340,11 +340,6 @@ def _next_ripe_at(queues: str, rated: str | None) -> str:
 )"""
 
 
-_GRANT_HOLDS = "u.until IS NOT NULL AND job_grant_holds(jq.id, u.until)"
-"""Whether the claim of queue `u` is made under a grant of the worker's that still holds: it then
-takes the queue's line as a queue without limits does, with no turn (sql/018_limits_grants.sql)."""
-
-
 def _claiming(record: str, recorded: str, *, limits: bool) -> Query:
     """A statement that records outcomes (CTEs `record`, tokens in CTE `recorded`) and claims
     ripe jobs for `worker` in one go: up to `slots[i]` jobs of queue `queues[i]` (the jobs whose
@@ -354,14 +349,19 @@ def _claiming(record: str, recorded: str, *, limits: bool) -> Query:
     sql/016_limits_budget.sql: the claims of a limited queue take turns, and each reads the
     counts its limits need after its turn), up to the budget its turn gives; when a key's limit
     may bind, the turn chooses the jobs itself (and writes their starts). The starts of the
-    lines taken here are written to the rate windows (`job_rate`) here.
-    Without `limits` (a worker that serves no queue with limits: a smaller plan, 0.04 ms less to
-    run), a queue that has limits is skipped, and named in the last row's `queue`
-    (comma-separated): the worker claims it again with limits.
+    lines taken here are written to the rate windows (`job_rate`) here. `capacity[i]`, the
+    worker's slots in queue i, asks its turn for a grant (sql/018_limits_grants.sql), written
+    here as the queue's start row and returned as a row of its own (below).
+    Without `limits` (a worker that serves no queue with limits, or claims each one under a
+    grant: a smaller plan, 0.04 ms less to run), a queue that has limits and no grant that holds
+    is skipped. With or without, `until[i]` is the end of the worker's grant in queue i (NULL:
+    none); the queues skipped are named in the last row's `queue` (comma-separated): the worker
+    claims them again with their turns.
     It returns the claimed jobs, then one row per recorded token (id NULL), then one row (id
     and token NULL) whose `ripe_at` is when a claim of the queues it did not fill (fewer ripe
     jobs than free slots) may next find work: their earliest `ripe_at` after `:now`, or the
-    moment a full rate window of those that hold ripe jobs opens (NULL: neither).
+    moment a full rate window of those that hold ripe jobs opens (NULL: neither); then one row
+    per grant made (id and token NULL, `attempts` not NULL: `store.record_and_claim` reads it).
     """
     if limits:
         # a queue with limits takes its turn only when one of its jobs is ripe: the turn of an
@@ -371,14 +371,12 @@ def _claiming(record: str, recorded: str, *, limits: bool) -> Query:
         # `completed` here moves (part of) its DELETE before the turn, and the journal of
         # `make chaos`'s limits scenario then held up to 4 claims of a key at once (limit 2) in
         # 2 of 4 runs, against none in 9 without it (why, I did not find).
-        source = f"""unnest(:queues::text[], :slots::int[], :capacity::int[],
+        # a queue under a grant takes its lock shared in job_claimable, in the turns' order
+        source = """unnest(:queues::text[], :slots::int[], :capacity::int[],
                         :until::timestamptz[]) AS u(name, free, capacity, until)
-    LEFT JOIN job_queue AS jq USING (name)
-    CROSS JOIN LATERAL (
-        SELECT coalesce(jq.limited, false) AND NOT ({_GRANT_HOLDS}) AS limited
-        OFFSET 0  -- once per queue
-    ) AS g"""
-        columns = """g.limited, u.capacity, jq, g.limited AND EXISTS (
+    LEFT JOIN job_queue AS jq USING (name)"""
+        columns = """coalesce(jq.limited, false) AS limited, u.capacity, u.until, jq,
+    jq.limited AND EXISTS (
         SELECT FROM job WHERE job.queue = u.name AND job.ripe_at <= :now) AS ripe"""
         turns = """, turns AS (
     -- the limited queues' turns (job_claimable): per queue, its budget, or the jobs it chose
@@ -386,9 +384,10 @@ def _claiming(record: str, recorded: str, *, limits: bool) -> Query:
     SELECT t.*
     FROM (SELECT array_agg(q.jq ORDER BY (q.jq).id) AS queues,
                  array_agg(q.free ORDER BY (q.jq).id) AS free,
-                 array_agg(q.capacity ORDER BY (q.jq).id) AS capacity
+                 array_agg(q.capacity ORDER BY (q.jq).id) AS capacity,
+                 array_agg(q.until ORDER BY (q.jq).id) AS until
           FROM q WHERE q.ripe HAVING count(*) > 0) AS a
-    CROSS JOIN LATERAL job_claimable(a.queues, a.free, a.capacity, :now) AS t
+    CROSS JOIN LATERAL job_claimable(a.queues, a.free, a.capacity, a.until, :now) AS t
 )"""
         lines = """        -- first (it may wait for the queues' turn): the jobs chosen in a turn
         SELECT unnest(t.ids) FROM turns AS t
@@ -412,7 +411,7 @@ def _claiming(record: str, recorded: str, *, limits: bool) -> Query:
                                    FILTER (WHERE r.concurrency_key IS NOT NULL) END AS keys
         FROM running AS r WHERE r.queue = t.queue
     ) AS s
-    WHERE t.budget IS NOT NULL AND (t.granted IS NOT NULL OR t.rated AND s.n > 0)
+    WHERE t.budget IS NOT NULL AND (t.granted > 0 OR t.rated AND s.n > 0)
 )"""
         grants = """
 UNION ALL
@@ -420,14 +419,19 @@ UNION ALL
 -- its time in the rate windows, `claimed_at` its end (`until`, the server's clock)
 SELECT NULL, NULL, NULL, NULL, t.granted,
        (extract(epoch FROM job_grant_span()) * 1000)::int, t.claimed_at, t.until, t.queue, NULL
-FROM turns AS t WHERE t.granted IS NOT NULL"""
-        skipped = "NULL"
+FROM turns AS t WHERE t.granted > 0"""
+        # the queues whose grant ended as the claim took its lock
+        skipped = "(SELECT string_agg(t.queue, ',') FROM turns AS t WHERE t.granted = 0)"
         rated = "SELECT name FROM unfilled WHERE ripe"
     else:
         source = """unnest(:queues::text[], :slots::int[], :until::timestamptz[])
         AS u(name, free, until)
     LEFT JOIN job_queue AS jq USING (name)"""
-        columns = f"coalesce(jq.limited, false) AND NOT ({_GRANT_HOLDS}) AS limited"
+        # a queue under a grant of the worker's that holds takes its line as a queue without
+        # limits does (sql/018_limits_grants.sql: its lock taken shared, never waited for);
+        # other queues with limits are skipped (named below)
+        columns = """coalesce(jq.limited, false)
+        AND NOT (u.until IS NOT NULL AND job_grant_holds(jq.id, u.until)) AS limited"""
         turns = ""
         grants = ""
         lines = """        SELECT j.id FROM (

@@ -546,6 +546,7 @@ class Worker:
                 raise
             jobs, recorded, next_ripe_at, limited, made = claimed
             self.grants.claimed(sent, Counter(job.queue for job in jobs), under, made)
+            self.grants.forfeit(limited)  # skipped: their grants ended, or a turn was under way
             self.acker.settle(batch, recorded)
             self._limited |= limited  # declared with limits by another worker: claim again
             self._recheck = bool(free) and (

@@ -1,7 +1,10 @@
-"""The limited queue of the limits scenario (`test_limits.py`): its name and limits.
+"""The queues of the limits scenario (`test_limits.py`): their names and limits.
 
-Importing this module declares nothing; worker subprocesses import `tests.chaos.limited_worker`
-(`JOBQ_JOB_MODULES`), which declares the queue with these limits in their registry.
+`limited`, with per-key limits that bind: its claims take turns. `granted`, with a global
+running limit and a rate that bind now and then: its turns grant claims with no turn while they
+are far (sql/018_limits_grants.sql). Importing this module declares nothing; worker subprocesses
+import `tests.chaos.limited_worker` (`JOBQ_JOB_MODULES`), which declares the queues with these
+limits in their registry.
 """
 
 from __future__ import annotations
@@ -17,6 +20,14 @@ RATE_PER_KEY = Rate(5, timedelta(seconds=1))
 """At most 5 claims of one concurrency key in any 1 s."""
 
 
+GRANTED = "granted"
+MAX_RUNNING = 40
+"""At most 40 jobs of `granted` in `job_running` at once, across all workers (of 64 slots)."""
+RATE = Rate(300, timedelta(seconds=1))
+"""At most 300 claims of `granted` in any 1 s."""
+
+
 def declare(handlers: Registry) -> None:
-    """Declare the limited queue with its limits in `handlers`."""
+    """Declare the queues with their limits in `handlers`."""
     handlers.queue(QUEUE, max_running_per_key=MAX_RUNNING_PER_KEY, rate_per_key=RATE_PER_KEY)
+    handlers.queue(GRANTED, max_running=MAX_RUNNING, rate=RATE)

@@ -17,6 +17,12 @@ are checked from the journal (`tests/chaos/journal.py`), not from the engine's o
 - `max_starts_per_key_window`: the most claims of one key within any window of the rate's
   period (half-open, at the claim times the workers gave, which the rate windows count).
 
+The same workers serve `granted` too (at most 40 running of 64 slots, 300 claims in any 1 s;
+6,000 jobs without a key), whose turns grant claims with no turn while its limits are far
+(sql/018_limits_grants.sql): `granted_max_running`, `granted_max_claims` and
+`granted_max_starts_window` are the same figures over the whole queue, and `grants` counts the
+grants made (read from `job_rate` every ~2 s: a grant's row stays there a minute).
+
 Then the suite's invariants (nothing lost, ...) and `python -m jobq check`; one JSON line.
 """
 
@@ -57,6 +63,9 @@ LIMITS_WORKERS = 4
 LIMITS_SLEEP_S = 0.2
 """Each job sleeps 200 ms: a key with its 2 jobs running could start 10 a second, so its rate
 (5 per second) binds as well as its concurrency."""
+GRANTED_JOBS = 6_000
+"""Jobs of `granted` (no key), drained beside the keyed ones: about 40 s at its limits."""
+GRANTS = "SELECT at, seq FROM job_rate WHERE queue = $1 AND until IS NOT NULL"
 KILL_EVERY_S = (1.5, 2.5)
 RESTART_AFTER_S = 12.0
 """The database restart comes in place of the first kill due after this many seconds."""
@@ -64,15 +73,15 @@ DOWN_S = 2.0
 DRAIN_WITHIN_S = 150.0
 
 
-async def enqueue_limited(count: int, keys: int) -> set[int]:
-    """Enqueue `count` `chaos_run` jobs on the limited queue, key by key (`key-0`'s jobs first,
-    so that the limits of the first keys bind at once); return their ids."""
+async def enqueue_limited(count: int, keys: int, queue: str = limited.QUEUE) -> set[int]:
+    """Enqueue `count` `chaos_run` jobs on `queue`, key by key (`key-0`'s jobs first, so that
+    the limits of the first keys bind at once); return their ids."""
     per_key = count // keys
     jobs = [
         Job(
             job_type=JOB_TYPE,
-            arguments={"n": n, "sleep_s": LIMITS_SLEEP_S},
-            queue=limited.QUEUE,
+            arguments={"n": n, "sleep_s": LIMITS_SLEEP_S, "queue": queue},
+            queue=queue,
             concurrency_key=f"key-{n // per_key}",
         )
         for n in range(count)
@@ -107,15 +116,20 @@ def max_in_window(times: list[datetime], period: timedelta) -> int:
     return most
 
 
-def limit_figures(analysis: Analysis, period: timedelta) -> dict[str, Any]:
-    """The per-key figures of the journal (see the module's docstring)."""
+def limit_figures(
+    analysis: Analysis, period: timedelta, job_ids: set[int], per_key: bool = True
+) -> dict[str, Any]:
+    """The per-key figures of the journal (see the module's docstring) for the jobs `job_ids`;
+    not `per_key`: the whole queue's, as of one key."""
     executions: dict[str, list[tuple[datetime, datetime]]] = defaultdict(list)
     stays: dict[str, list[tuple[datetime, datetime]]] = defaultdict(list)
     starts: dict[str, list[datetime]] = defaultdict(list)
     unended = 0
-    for claims in analysis.claims.values():
+    for job_id, claims in analysis.claims.items():
+        if job_id not in job_ids:
+            continue
         for claim in claims:
-            key = claim.concurrency_key
+            key = claim.concurrency_key if per_key else ""
             assert key is not None, f"claim {claim.token} of job {claim.job_id} has no key"
             assert claim.clock_at is not None
             assert claim.ended_at is not None, f"claim {claim.token} never ended"
@@ -183,12 +197,15 @@ async def test_per_key_concurrency_and_rate_limits_hold_through_sigkills_and_a_r
     env = {
         **WORKER_ENV,
         "JOBQ_JOB_MODULES": "tests.chaos.limited_worker",
-        "JOBQ_QUEUES": f"{limited.QUEUE}:16",
+        "JOBQ_QUEUES": f"{limited.QUEUE}:16,{limited.GRANTED}:16",
     }
     live = [await procs.worker(conn, f"worker-{i}", env) for i in range(LIMITS_WORKERS)]
 
     started = time.monotonic()
-    ids = await enqueue_limited(LIMITS_JOBS, LIMITS_KEYS)
+    keyed = await enqueue_limited(LIMITS_JOBS, LIMITS_KEYS)
+    global_ = await enqueue_limited(GRANTED_JOBS, 1, limited.GRANTED)
+    ids = keyed | global_
+    grants: set[tuple[datetime, int]] = set()  # (at, seq): each lasts a minute in job_rate
     kills: list[tuple[int, datetime]] = []  # (worker id, when)
     restarted: dict[str, Any] = {}
     spawned = LIMITS_WORKERS
@@ -197,6 +214,8 @@ async def test_per_key_concurrency_and_rate_limits_hold_through_sigkills_and_a_r
         elapsed = time.monotonic() - started
         assert elapsed < DRAIN_WITHIN_S, f"the queue did not drain in {DRAIN_WITHIN_S:g} s"
         await asyncio.sleep(rng.uniform(*KILL_EVERY_S))
+        with contextlib.suppress(Exception):  # the server may be down a moment longer
+            grants.update((r["at"], r["seq"]) for r in await conn.fetch(GRANTS, limited.GRANTED))
         check_running(tuple(p for p in live if p.worker_id is not None))
         if not restarted and time.monotonic() - started >= RESTART_AFTER_S:
             for proc in live:  # a worker that starts while the server is down would exit
@@ -230,7 +249,8 @@ async def test_per_key_concurrency_and_rate_limits_hold_through_sigkills_and_a_r
     exit_codes = [await proc.exit_code(within=10) for proc in live]
 
     analysis, figures, assert_invariants = await verify(conn, database_url, ids, dict(kills))
-    limits = limit_figures(analysis, limited.RATE_PER_KEY.period)
+    limits = limit_figures(analysis, limited.RATE_PER_KEY.period, keyed)
+    whole = limit_figures(analysis, limited.RATE.period, global_, per_key=False)
     rate = limited.RATE_PER_KEY
     emit(
         {
@@ -247,6 +267,12 @@ async def test_per_key_concurrency_and_rate_limits_hold_through_sigkills_and_a_r
             "executions_without_end": limits["executions_without_end"],
             "keys_over_rate": limits["keys_over_rate"][:10],
             "over_rate_claims": limits["over_rate_claims"],
+            "granted_max_running": whole["max_running_per_key"],
+            "granted_max_claims": whole["max_claims_per_key"],
+            "granted_max_starts_window": whole["max_starts_per_key_window"],
+            "granted_limits": f"{limited.MAX_RUNNING} running, "
+            f"{limited.RATE.max_starts}/{limited.RATE.period.total_seconds():g}s",
+            "grants": len(grants),
             "workers": LIMITS_WORKERS,
             "kills": len(kills),
             "restart": restarted,
@@ -269,6 +295,11 @@ async def test_per_key_concurrency_and_rate_limits_hold_through_sigkills_and_a_r
     # the limits did bind (else the scenario proves nothing), and the faults happened
     assert limits["max_running_per_key"] == limited.MAX_RUNNING_PER_KEY
     assert limits["max_starts_per_key_window"] == rate.max_starts
+    # `granted`: its limits held with grants made under the faults
+    assert whole["max_running_per_key"] <= limited.MAX_RUNNING, whole
+    assert whole["max_claims_per_key"] <= limited.MAX_RUNNING, whole
+    assert whole["max_starts_per_key_window"] <= limited.RATE.max_starts, whole
+    assert grants, "no grant was made: the scenario proves nothing of them"
     assert len(kills) >= 10, "too few kills to mean anything: the drain was too fast"
     assert restarted, "the drain ended before the database restart"
     assert exit_codes == [0] * len(live)

@@ -38,7 +38,12 @@ async def fill(conn: Connection, spec: QueueSpec, num: int, key: str | None = No
     await store.declare_queues(conn, [spec])
     await enqueue_many(
         [
-            Job(job_type="noop", queue=spec.name, arguments={"n": n}, concurrency_key=key)
+            Job(
+                job_type="noop",
+                queue=spec.name,
+                arguments={"n": n, "queue": spec.name},
+                concurrency_key=key,
+            )
             for n in range(num)
         ]
     )
@@ -238,3 +243,50 @@ async def test_limits_far_from_binding_cost_a_turn_once_in_many_claims(
     assert len(rows) < claims_made / 4, kinds  # a turn at each claim would write one each
     assert sum(r["n"] for r in rows) >= len(jobs)  # no start left out of the counts
     assert worker.counts["claimed"] == len(jobs)
+
+
+async def test_a_claim_under_a_grant_never_holds_a_lock_another_turn_waits_for(
+    conn: Connection, database: Database
+) -> None:
+    """Queues `first` and `second` (in the turns' order). Claim Y takes the turns of both; claim
+    X holds a grant in `second` and takes the turn of `first`. With `first`'s turn held
+    elsewhere, Y waits for it, then X. Had X taken `second`'s lock shared before waiting (in
+    the claim's first step), Y, once it had `first`, would wait for X's lock on `second` and X
+    for Y's on `first`: a deadlock, one claim failed. Both claim."""
+    specs = [QueueSpec("first", max_running=100), QueueSpec("second", max_running=100)]
+    for spec in specs:
+        await fill(conn, spec, 6)
+    ids = {r["name"]: r["id"] for r in await conn.fetch("SELECT name, id FROM job_queue")}
+    assert ids["first"] < ids["second"]
+
+    async def waiting(claims: int) -> bool | None:
+        """Whether `claims` claims wait for the turn of `first` (None: not yet)."""
+        count = await conn.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1"
+            " AND objid = $2 AND NOT granted",
+            TURN_LOCK,
+            ids["first"],
+        )
+        return count >= claims or None
+
+    async def both(worker_id: int, grant: datetime | None) -> Claimed:
+        now = clock.now()
+        async with database.pool.acquire() as claimer:
+            return await store.record_and_claim(
+                claimer,
+                [],
+                worker_id=worker_id,
+                max_jobs={"first": 2, "second": 2},
+                now=now,
+                lease_expires_at=now + timedelta(minutes=5),
+                grants={"second": grant} if grant else None,
+            )
+
+    async with database.pool.acquire() as turn, turn.transaction():
+        await turn.execute("SELECT pg_advisory_xact_lock($1, $2)", TURN_LOCK, ids["first"])
+        y = asyncio.create_task(both(2, None))
+        await eventually(lambda: waiting(1), within=WAIT_S)
+        x = asyncio.create_task(both(3, clock.now() + timedelta(hours=1)))
+        await eventually(lambda: waiting(2), within=WAIT_S)
+    claimed = await asyncio.wait_for(asyncio.gather(x, y), WAIT_S)
+    assert [Counter(j.queue for j in c.jobs) for c in claimed] == [Counter(first=2, second=2)] * 2
