@@ -13,15 +13,18 @@ What is timed, exactly:
   `bench_sleep` jobs (5 s each) on `bench_slow` keep its 2 slots busy, then 500 `bench_stamp`
   jobs on `bench_fast`, each enqueued in its own transaction, one every 20 ms. Pickup: as
   `pickup_latency` (the handler's first wall-clock reading minus the producer's after COMMIT).
-- `limits_claim_cpu`: no worker. 20,000 `bench_noop` jobs over 50 keys on each of `bench_free`
-  and `bench_limited`; one connection with the worker's claim session
-  (`jobq.queue.worker.CLAIM_SESSION`) runs the worker's cycle on each queue in turn, alternating:
-  record the 16 outcomes of the queue's last claim and claim 16 (`store.record_and_claim`, one
-  statement, its own transaction; for `bench_free` the statement of a worker that serves no
-  queue with limits), until both are drained. `*_cpu_ms`: the mean CPU time of the
+- `limits_claim_cpu`: no worker. 20,000 `bench_noop` jobs over 50 keys on each of `bench_free`,
+  `bench_limited` and `bench_granted` (the same limits); one connection with the worker's claim
+  session (`jobq.queue.worker.CLAIM_SESSION`) runs the worker's cycle on each queue in turn,
+  alternating: record the 16 outcomes of the queue's last claim and claim 16
+  (`store.record_and_claim`, one statement, its own transaction), until all are drained. For
+  `bench_free` the statement of a worker that serves no queue with limits; for `bench_limited`
+  a turn at every claim (no grant asked); for `bench_granted` the claims a worker makes, under
+  the grants its turns give (`jobq.queue.slots.Grants`). `*_cpu_ms`: the mean CPU time of the
   server's backend per cycle (`/proc/<pid>/schedstat`: the server must run on this machine, as
-  the embedded one does), `extra_cpu_ms` the limited queue's less the free one's. Alternating in
-  one connection puts both under the same load, so this reads steadier than the drains.
+  the embedded one does); `extra_cpu_ms` and `granted_extra_cpu_ms` the limited and granted
+  queues' less the free one's. Alternating in one connection puts all under the same load, so
+  this reads steadier than the drains.
 - `held_back_claim`: no worker. `bench_held` (at most 1 running job per key) holds 100,000
   ripe jobs of key `hot`, older than everything else, whose one slot is taken (a `job_running`
   row of a worker that does not exist), and 5 ripe jobs of 5 other keys. The claim statement
@@ -366,9 +369,10 @@ async def _claims(conn: Connection) -> dict[str, Any]:
     # the function alone: a Function Scan reads no buffers itself, so these are its statements'
     alone: Any = await conn.fetchval(
         "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM job_claimable("
-        "ARRAY(SELECT jq FROM job_queue AS jq WHERE jq.name = $1), $2, $3, $4)",
+        "ARRAY(SELECT jq FROM job_queue AS jq WHERE jq.name = $1), $2, $3, $4, $5)",
         queues.HELD,
         [1],
+        [None],
         [None],
         clock.now(),
     )

@@ -109,11 +109,12 @@ DROP FUNCTION job_claimable(job_queue[], integer[], timestamptz);
 -- of the grant the worker claims queue i under. A grant's lock is taken shared in the turns'
 -- order (by the queues' ids), never before a turn of a queue that comes later: a claim that held
 -- one queue's lock shared while it waited for another's turn could wait for a claim that waits
--- for it. A grant that cannot take its lock shared (a turn is under way) takes the turn. A row that grants has `granted`
--- (the grant's starts, this claim's included: at least `budget`), `until` and `reserved`; the
--- caller writes it as the queue's start row (`seq` plus `granted`). Every count of a turn adds
--- the grants': the reservations to the running jobs, and to each window's starts the grants
--- made before the window that overlap it (those made within it are in its `seq`).
+-- for it. A grant that cannot take its lock shared (a turn is under way) takes the turn. A row
+-- that grants has `granted` (the grant's starts, this claim's included: at least `budget`),
+-- `until` and `reserved`; the caller writes it as the queue's start row (`seq` plus `granted`).
+-- Every count of a turn adds the grants': the reservations to the running jobs, and to each
+-- window's starts the grants made before the window that overlap it (those made within it are
+-- in its `seq`).
 CREATE FUNCTION job_claimable(
     p_queues job_queue[], p_slots integer[], p_capacity integer[], p_until timestamptz[],
     p_now timestamptz
@@ -179,52 +180,65 @@ BEGIN
             PERFORM pg_advisory_xact_lock(1785684594, q.id);      -- no statement to run
         END IF;
         v_rated := q.rate_max_starts IS NOT NULL OR q.key_rate_max_starts IS NOT NULL;
+        v_at := p_now;
+        v_seq := 0;
+        v_starts := 0;
+        v_key_starts := 0;
         -- the queue's counts, after the turn (one statement, its own snapshot): its running
-        -- jobs, and those the grants that may still claim count for; its last start row (its
-        -- time, and the queue's starts so far: `seq`; a grant's row, also of a queue with no
-        -- rate, takes the next); the starts within each period (`seq` minus the seq before the
-        -- period's first row), plus the grants made before the period that overlap it
-        SELECT CASE WHEN q.max_running IS NOT NULL OR q.max_running_per_key IS NOT NULL THEN
-                   (SELECT count(*) FROM job_running AS r WHERE r.queue = q.name) END,
-               (SELECT coalesce(sum(g.reserved), 0) FROM job_rate AS g
-                WHERE g.queue = q.name AND g.until > clock_timestamp()),
-               coalesce(l.at, p_now), coalesce(l.seq, 0), coalesce(w.starts, 0) + e.starts,
-               coalesce(CASE
-            WHEN q.key_rate_max_starts IS NULL THEN 0
-            WHEN q.key_rate_period <= q.rate_period
-                 AND w.starts + v_free <= q.key_rate_max_starts THEN w.starts
-            ELSE l.seq - coalesce(
-                (SELECT r.seq - r.n FROM job_rate AS r
-                 WHERE r.queue = q.name AND r.concurrency_key = ''
-                   AND r.at > l.at - q.key_rate_period
-                 ORDER BY r.at, r.seq LIMIT 1), l.seq) END, 0) + e.key_starts
-        INTO v_running, v_reserved, v_at, v_seq, v_starts, v_key_starts
-        FROM (SELECT) AS one
-        LEFT JOIN LATERAL (
-            SELECT greatest(p_now, r.at) AS at, r.seq FROM job_rate AS r
-            WHERE r.queue = q.name AND r.concurrency_key = ''
-            ORDER BY r.at DESC, r.seq DESC LIMIT 1) AS l ON true
-        LEFT JOIN LATERAL (
-            SELECT CASE WHEN q.rate_max_starts IS NOT NULL THEN l.seq - coalesce(
-                (SELECT r.seq - r.n FROM job_rate AS r
-                 WHERE r.queue = q.name AND r.concurrency_key = ''
-                   AND r.at > l.at - q.rate_period
-                 ORDER BY r.at, r.seq LIMIT 1), l.seq) ELSE 0 END AS starts
-            OFFSET 0  -- probed once, not once per use
-        ) AS w ON l.seq IS NOT NULL
-        CROSS JOIN LATERAL (
-            SELECT coalesce(sum(g.n) FILTER (
-                       WHERE g.at <= l.at - q.rate_period
-                         AND g.at > l.at - q.rate_period - 2 * job_grant_span()), 0) AS starts,
-                   coalesce(sum(g.n) FILTER (
-                       WHERE g.at <= l.at - q.key_rate_period
-                         AND g.at > l.at - q.key_rate_period - 2 * job_grant_span()), 0)
-                       AS key_starts
-            FROM job_rate AS g
-            WHERE v_rated AND g.queue = q.name AND g.until IS NOT NULL
-              AND g.at > l.at - greatest(q.rate_period, q.key_rate_period) - 2 * job_grant_span()
-              AND g.at <= l.at - least(q.rate_period, q.key_rate_period)
-        ) AS e;
+        -- jobs, and those the grants that may still claim count for; with a rate, its last start
+        -- row (its time, and the queue's starts so far: `seq`), the starts within each period
+        -- (`seq` minus the seq before the period's first row), plus the grants made before the
+        -- period that overlap it
+        IF NOT v_rated THEN
+            SELECT CASE WHEN q.max_running IS NOT NULL OR q.max_running_per_key IS NOT NULL THEN
+                       (SELECT count(*) FROM job_running AS r WHERE r.queue = q.name) END,
+                   (SELECT coalesce(sum(g.reserved), 0) FROM job_rate AS g
+                    WHERE g.queue = q.name AND g.until > clock_timestamp())
+            INTO v_running, v_reserved;
+        ELSE
+            SELECT CASE WHEN q.max_running IS NOT NULL OR q.max_running_per_key IS NOT NULL THEN
+                       (SELECT count(*) FROM job_running AS r WHERE r.queue = q.name) END,
+                   (SELECT coalesce(sum(g.reserved), 0) FROM job_rate AS g
+                    WHERE g.queue = q.name AND g.until > clock_timestamp()),
+                   coalesce(l.at, p_now), coalesce(l.seq, 0), coalesce(w.starts, 0) + e.starts,
+                   coalesce(CASE
+                WHEN q.key_rate_max_starts IS NULL THEN 0
+                WHEN q.key_rate_period <= q.rate_period
+                     AND w.starts + v_free <= q.key_rate_max_starts THEN w.starts
+                ELSE l.seq - coalesce(
+                    (SELECT r.seq - r.n FROM job_rate AS r
+                     WHERE r.queue = q.name AND r.concurrency_key = ''
+                       AND r.at > l.at - q.key_rate_period
+                     ORDER BY r.at, r.seq LIMIT 1), l.seq) END, 0) + e.key_starts
+            INTO v_running, v_reserved, v_at, v_seq, v_starts, v_key_starts
+            FROM (SELECT) AS one
+            LEFT JOIN LATERAL (
+                SELECT greatest(p_now, r.at) AS at, r.seq FROM job_rate AS r
+                WHERE r.queue = q.name AND r.concurrency_key = ''
+                ORDER BY r.at DESC, r.seq DESC LIMIT 1) AS l ON true
+            LEFT JOIN LATERAL (
+                SELECT CASE WHEN q.rate_max_starts IS NOT NULL THEN l.seq - coalesce(
+                    (SELECT r.seq - r.n FROM job_rate AS r
+                     WHERE r.queue = q.name AND r.concurrency_key = ''
+                       AND r.at > l.at - q.rate_period
+                     ORDER BY r.at, r.seq LIMIT 1), l.seq) ELSE 0 END AS starts
+                OFFSET 0  -- probed once, not once per use
+            ) AS w ON l.seq IS NOT NULL
+            CROSS JOIN LATERAL (
+                SELECT coalesce(sum(g.n) FILTER (
+                           WHERE g.at <= l.at - q.rate_period
+                             AND g.at > l.at - q.rate_period - 2 * job_grant_span()), 0) AS starts,
+                       coalesce(sum(g.n) FILTER (
+                           WHERE g.at <= l.at - q.key_rate_period
+                             AND g.at > l.at - q.key_rate_period - 2 * job_grant_span()), 0)
+                           AS key_starts
+                FROM job_rate AS g
+                WHERE g.queue = q.name AND g.until IS NOT NULL
+                  AND g.at > l.at - greatest(q.rate_period, q.key_rate_period)
+                             - 2 * job_grant_span()
+                  AND g.at <= l.at - least(q.rate_period, q.key_rate_period)
+            ) AS e;
+        END IF;
         v_running := v_running + v_reserved;
         v_budget := least(v_free, q.max_running - v_running, q.rate_max_starts - v_starts);
         CONTINUE WHEN v_budget <= 0;
@@ -248,6 +262,13 @@ BEGIN
             IF v_capacity IS NOT NULL AND v_grant >= v_free
                AND coalesce(v_running + v_capacity <= q.max_running, true)
                AND coalesce(v_running + v_capacity <= q.max_running_per_key, true) THEN
+                IF NOT v_rated THEN  -- its row takes the next `seq`, at no earlier a time
+                    SELECT greatest(p_now, r.at), r.seq INTO v_at, v_seq FROM job_rate AS r
+                    WHERE r.queue = q.name AND r.concurrency_key = ''
+                    ORDER BY r.at DESC, r.seq DESC LIMIT 1;
+                    claimed_at := coalesce(v_at, p_now);
+                    seq := coalesce(v_seq, 0);
+                END IF;
                 granted := v_grant;
                 until := clock_timestamp() + job_grant_span();
                 reserved := v_capacity;

@@ -135,8 +135,10 @@ class Worker:
         self._limited: set[str] = set()
         """Served queues with limits (as declared here, or as a claim found them declared by
         another worker): their claims may be held back by jobs still running. While there is
-        none, the claims use the smaller statement without limits (`store.record_and_claim`)."""
+        none, or the claim makes each of theirs under a grant, the claims use the smaller
+        statement without limits (`store.record_and_claim`)."""
         self.grants = Grants()
+        """The claims this worker may make with no turn (sql/018_limits_grants.sql)."""
         self._recheck = False
         """The last claim recorded outcomes of limited queues: claim again (it frees capacity
         that the same statement could not see); or it skipped queues found to have limits."""
