@@ -151,8 +151,9 @@ BEGIN
         v_free := p_slots[i];
         v_capacity := p_capacity[i];
         CONTINUE WHEN coalesce(v_free, 0) <= 0;
-        IF p_until[i] > clock_timestamp() AND pg_try_advisory_xact_lock_shared(1785684594, q.id)
-        THEN
+        -- (`IS NOT NULL` first: NULL AND the lock would still take the lock)
+        IF p_until[i] IS NOT NULL AND p_until[i] > clock_timestamp()
+           AND pg_try_advisory_xact_lock_shared(1785684594, q.id) THEN
             -- a claim under the worker's grant: the line, up to the free slots, no count. Its
             -- end is read again after the lock (job_grant_holds); passed meanwhile, the queue is
             -- skipped (`granted` 0: the worker claims it again with its turn), for this claim

@@ -290,3 +290,21 @@ async def test_a_claim_under_a_grant_never_holds_a_lock_another_turn_waits_for(
         await eventually(lambda: waiting(2), within=WAIT_S)
     claimed = await asyncio.wait_for(asyncio.gather(x, y), WAIT_S)
     assert [Counter(j.queue for j in c.jobs) for c in claimed] == [Counter(first=2, second=2)] * 2
+
+
+async def test_a_turn_takes_its_lock_whole_and_a_claim_under_a_grant_shared(
+    conn: Connection,
+) -> None:
+    """Within the claim's transaction: a turn holds its queue's lock exclusive only (had it
+    taken the lock shared first, two turns would each wait for the other's shared lock to
+    become exclusive: a deadlock), a claim under a grant shared only."""
+    await fill(conn, QueueSpec(QUEUE, max_running=100), 8)
+    held = (
+        "SELECT array_agg(mode ORDER BY mode) FROM pg_locks WHERE locktype = 'advisory'"
+        " AND classid = $1 AND pid = pg_backend_pid()"
+    )
+    for grant, modes in ((None, ["ExclusiveLock"]), (clock.now() + SECOND * 3600, ["ShareLock"])):
+        async with conn.transaction():
+            claimed = await claim(conn, 2, clock.now(), worker_id=1, grant=grant)
+            assert len(claimed.jobs) == 2
+            assert await conn.fetchval(held, TURN_LOCK) == modes
