@@ -18,12 +18,12 @@
 -- that a grant can reach was checked with all of it. A worker holds at most its slots of
 -- job_running rows of a queue, so a grant's jobs running at once are at most `reserved`; a grant's
 -- starts are at most `n` (the worker counts them down, and asks each claim for no more). A claim
--- under a grant takes the queue's turn lock shared (pg_try_advisory_xact_lock_shared: it never
--- waits, so it adds no lock order; a turn under way sends the claim through its own turn
--- instead), then checks `until`: a turn that follows sees its rows, and a turn that went first
--- counted its grant (the turn read the clock before the claim did). So limits still hold through
--- any number of workers, a SIGKILL (the grant ends at `until`; its jobs are rows), a rescue and
--- a database restart (grants are rows).
+-- under a grant takes the queue's turn lock shared (pg_try_advisory_xact_lock_shared, never
+-- waiting: a turn under way sends the claim through its own turn instead; and in the turns'
+-- order when the same claim takes turns too, job_claimable), then checks `until`: a turn that
+-- follows sees its rows, and a turn that went first counted its grant (the turn read the clock
+-- before the claim did). So limits still hold through any number of workers, a SIGKILL (the
+-- grant ends at `until`; its jobs are rows), a rescue and a database restart (grants are rows).
 --
 -- What it costs. A grant is granted only when it takes at most half of each rate's room and the
 -- running limits leave room for the reservations: a grant's unused starts stay counted until its
