@@ -547,7 +547,8 @@ class Worker:
                     listener.terminate()
                 raise
             jobs, recorded, next_ripe_at, limited, made = claimed
-            self.grants.claimed(sent, Counter(job.queue for job in jobs), under, made)
+            taken = Counter(job.queue for job in jobs)
+            self.grants.claimed(sent, taken, under, made)
             self.grants.forfeit(limited)  # skipped: their grants ended, or a turn was under way
             self.acker.settle(batch, recorded)
             self._limited |= limited  # declared with limits by another worker: claim again
@@ -557,7 +558,6 @@ class Worker:
             if free:
                 self._claimed = True
                 self._next_ripe_at = next_ripe_at
-                taken = Counter(job.queue for job in jobs)
                 self._filled = {
                     name: [job.job_type for job in jobs if job.queue == name]
                     for name, n in free.items()
