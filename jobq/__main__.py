@@ -156,17 +156,25 @@ def run(main: Coroutine[Any, Any, T]) -> T:
 
 
 def print_statement(name: str | None) -> int:
-    """Print the queue's statement `name` whole, as PostgreSQL receives it, then its
-    parameters in order; without a (known) name, the names, and return 2."""
-    from jobq.queue import dead, sql
+    """Without `name`, print every statement's name, one per line; with it, print that
+    statement whole (its comment, then its text as written in `sql/queries/`) and its
+    parameters in the order PostgreSQL receives them. An unknown name prints the names to
+    stderr and returns 2."""
+    from jobq.queue import sql
 
-    statements = {n: v for m in (sql, dead) for n, v in vars(m).items() if isinstance(v, sql.Query)}
-    if name not in statements:
-        print("usage: python -m jobq sql NAME\nNAME: " + ", ".join(sorted(statements)))
+    if name is None:
+        print("\n".join(sql.STATEMENTS))
+        return 0
+    query = sql.STATEMENTS.get(name)
+    if query is None:
+        print(
+            f"no statement named {name!r}; one of:\n" + "\n".join(sql.STATEMENTS), file=sys.stderr
+        )
         return 2
-    query = statements[name]
-    print(query.text.strip())
-    print("-- " + ", ".join(f"${i} {param}" for i, param in enumerate(query.params, 1)))
+    if query.doc:
+        print("\n".join(f"-- {line}".rstrip() for line in query.doc.splitlines()))
+    print(query.source.strip() + ";")
+    print("-- " + ", ".join(f"${i} :{param}" for i, param in enumerate(query.params, 1)))
     return 0
 
 
