@@ -120,7 +120,7 @@ class ClaimedJob:
 
 class Grant(NamedTuple):
     """A queue's turn let the worker claim up to `starts` of the queue's jobs (the claim that got
-    it included) with no turn, for `span` (sql/018_limits_grants.sql). `at`: its time in the
+    it included) with no turn, for `span` (`job_rate` in sql/schema.sql). `at`: its time in the
     queue's rate windows (aware UTC; a claim under it is stamped no earlier); `until`: its end
     by the server's clock, which each claim under it passes back."""
 

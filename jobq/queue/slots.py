@@ -63,7 +63,7 @@ class Slots:
 
 
 class Grants:
-    """The grants a worker holds (sql/018_limits_grants.sql): per queue with limits, the grant
+    """The grants a worker holds (`job_rate` in sql/schema.sql): per queue with limits, the grant
     and how many jobs it may still claim under it, before its deadline by the event loop's clock
     (its span from the claim that got it: never after its end by the server's clock, which the
     server checks again)."""

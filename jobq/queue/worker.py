@@ -138,7 +138,7 @@ class Worker:
         none, or the claim makes each of theirs under a grant, the claims use the smaller
         statement without limits (`store.record_and_claim`)."""
         self.grants = Grants()
-        """The claims this worker may make with no turn (sql/018_limits_grants.sql)."""
+        """The claims this worker may make with no turn (`job_rate` in sql/schema.sql)."""
         self._recheck = False
         """The last claim recorded outcomes of limited queues: claim again (it frees capacity
         that the same statement could not see); or it skipped queues found to have limits."""

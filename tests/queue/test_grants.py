@@ -1,4 +1,4 @@
-"""Grants (sql/018_limits_grants.sql): a queue's turn that finds every limit far away lets the
+"""Grants (`job_rate` in sql/schema.sql): a queue's turn that finds every limit far away lets the
 claiming worker claim with no turn for a span. The grant's slots count as running jobs until it
 ends, and its starts count in every rate window its span overlaps; a claim under it holds only
 while its end has not passed and no turn is under way.
