@@ -41,7 +41,7 @@ format: $(INSTALLED) ## Format the code and apply safe lint fixes
 worker: $(INSTALLED) ## Run a worker process alone (run as many as you like)
 	$(BIN)/python -m jobq worker
 
-migrate: $(INSTALLED) ## Apply the SQL migrations in sql/
+migrate: $(INSTALLED) ## Apply the SQL migrations in sql/migrations/ and re-create sql/functions/
 	$(BIN)/python -m jobq migrate
 
 db-stop: $(INSTALLED) ## Stop the embedded PostgreSQL (its data stays in .pgdata/)

@@ -2,7 +2,7 @@
 
 `limited`, with per-key limits that bind: its claims take turns. `granted`, with a global
 running limit and a rate that bind now and then: its turns grant claims with no turn while they
-are far (sql/018_limits_grants.sql). Importing this module declares nothing; worker subprocesses
+are far (`job_rate` in sql/schema.sql). Importing this module declares nothing; worker subprocesses
 import `tests.chaos.limited_worker` (`JOBQ_JOB_MODULES`), which declares the queues with these
 limits in their registry.
 """

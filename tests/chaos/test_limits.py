@@ -19,7 +19,7 @@ are checked from the journal (`tests/chaos/journal.py`), not from the engine's o
 
 The same workers serve `granted` too (at most 40 running of 64 slots, 150 claims in any 1 s;
 6,000 jobs without a key), whose turns grant claims with no turn while its limits are far
-(sql/018_limits_grants.sql): `granted_max_running`, `granted_max_claims` and
+(`job_rate` in sql/schema.sql): `granted_max_running`, `granted_max_claims` and
 `granted_max_starts_window` are the same figures over the whole queue, and `grants` counts the
 grants made (read from `job_rate` every ~2 s: a grant's row stays there a minute).
 

@@ -255,7 +255,7 @@ async def test_a_global_limit_holds_across_workers_claiming_at_once(
 
 TURN_LOCK = 1785684594
 """The class of the transaction locks by which the claims of a limited queue take turns (by the
-queue's id: `job_claimable`, sql/016_limits_budget.sql)."""
+queue's id: sql/functions/job_claimable.sql)."""
 
 
 async def test_a_claim_takes_a_limited_queues_turn_only_when_the_queue_holds_a_ripe_job(
