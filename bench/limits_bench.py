@@ -32,9 +32,9 @@ What is timed, exactly:
   claim session (`CLAIM_SESSION`: its plan made once), each in a transaction rolled back;
   then the 100,000 held jobs are deleted (and vacuumed) and the same is timed again: `empty_*`.
   `*_buffers`: the shared buffers (hit + read) of the claim under `EXPLAIN (ANALYZE,
-  BUFFERS)`, including those its function `job_claimable` reads (PostgreSQL counts the
+  BUFFERS)`, including those its function `job_claim_turns` reads (PostgreSQL counts the
   buffers of a function's statements in its Function Scan); `*function_buffers`: those of
-  `SELECT * FROM job_claimable(...)` alone (not rolled back: it only reads and locks).
+  `SELECT * FROM job_claim_turns(...)` alone (not rolled back: it only reads and locks).
 - `rate_held_claim`: no worker. `bench_rated` (one start a minute) holds 1,000 ripe jobs; one
   claim (`store.record_and_claim`, 16 free slots, on a connection with the worker's claim
   session) takes the minute's one, then `RATED_CLAIMS` more are timed: each finds the rate
@@ -368,7 +368,7 @@ async def _claims(conn: Connection) -> dict[str, Any]:
     top = plan[0]["Plan"]  # the connection decodes json
     # the function alone: a Function Scan reads no buffers itself, so these are its statements'
     alone: Any = await conn.fetchval(
-        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM job_claimable("
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM job_claim_turns("
         "ARRAY(SELECT jq FROM job_queue AS jq WHERE jq.name = $1), $2, $3, $4, $5)",
         queues.HELD,
         [1],

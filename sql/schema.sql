@@ -62,7 +62,7 @@ CREATE INDEX job_claim_idx ON job (queue, priority DESC, ripe_at);
 -- The next ripe_at of a queue, for an idle worker's timer.
 CREATE INDEX job_ripe_at_idx ON job (queue, ripe_at);
 -- The claim of a queue with per-key limits walks its keys when the head of its line is held
--- back (job_claimable): one probe finds the next key, one more its first ripe jobs, so jobs
+-- back (job_claim_turns): one probe finds the next key, one more its first ripe jobs, so jobs
 -- held back by a full key are never read.
 CREATE INDEX job_key_idx ON job (queue, concurrency_key, priority DESC, ripe_at);
 -- Queued jobs past their last attempt (an invariant's violation: they belong in job_dead). The
@@ -213,7 +213,7 @@ CREATE TABLE job_leader (
 -- ============================================================================================
 -- Named queues and their flow control: pause, concurrency limits (per queue, per key) and rate
 -- limits (starts per period, per queue, per key). A worker serves a set of queues, each with
--- its own slots; the claim honours the limits (job_claimable, sql/functions/job_claimable.sql).
+-- its own slots; the claim honours the limits (sql/functions/job_claim_turns.sql).
 
 -- A queue's shared state: paused or not, and its limits (NULL: none). Workers write the limits
 -- declared in code when they start (jobq.queue.registry); pause and resume come from operators.
@@ -246,7 +246,7 @@ INSERT INTO job_queue (name) VALUES ('default');
 -- queue writes its '' row (all its starts), whose `seq` is the queue's starts so far, this
 -- claim's included: the queue's starts within a period are the last '' row's seq minus the seq
 -- before the period's first '' row, two index probes. A claim's `at` is never before the
--- queue's last one (job_claimable), so rows are in the same order by `at` as by `seq`, and
+-- queue's last one (job_claim_turns), so rows are in the same order by `at` as by `seq`, and
 -- pruning the rows older than every period forgets nothing a claim counts.
 --
 -- A claim's keyed starts are written in one of two ways, so each is counted exactly once:
@@ -265,38 +265,6 @@ INSERT INTO job_queue (name) VALUES ('default');
 -- plus L's budget were within the rate when L folded. So counting them stays cheap, and a
 -- queue whose keys are always near their rate writes (and reads) per-key rows alone.
 --
--- Grants: a queue's turn that finds every limit of the queue far away grants the claiming
--- worker the right to claim up to `n` jobs of the queue's line during the next
--- job_grant_span(), with no turn: the worker's claims under the grant take the line as a queue
--- without limits does. The turn writes the grant as one row of job_rate:
---
--- * its `n` starts, as the queue's starts at `at` (the turn's time) in the '' rows' `seq`, but
---   counted in every rate window that overlaps [at, at + 2 * job_grant_span()] (each claim under
---   the grant is made before `until` by the server's clock; the second span covers the worker's
---   clock, which sets `at`, running a little apart from the server's): a grant's starts may be
---   made at any time of its span, so a window counts them all when it overlaps that span;
--- * `reserved`: the worker's slots in the queue, counted by every turn as that many running jobs
---   of the queue, and of each of its keys, until `until` (the server's clock, read after the
---   turn's lock by both the turn and each claim under the grant).
---
--- Exactness. Every turn counts, besides the rows it counted before, every grant whose starts
--- may fall in its windows and every grant that may still claim. A turn grants only when each
--- limit holds with the grant's whole `n` and `reserved` added, so every window and every instant
--- that a grant can reach was checked with all of it. A worker holds at most its slots of
--- job_running rows of a queue, so a grant's jobs running at once are at most `reserved`; a grant's
--- starts are at most `n` (the worker counts them down, and asks each claim for no more). A claim
--- under a grant takes the queue's turn lock shared (pg_try_advisory_xact_lock_shared, never
--- waiting: a turn under way sends the claim through its own turn instead; and in the turns'
--- order when the same claim takes turns too, job_claimable), then checks `until`: a turn that
--- follows sees its rows, and a turn that went first counted its grant (the turn read the clock
--- before the claim did). So limits still hold through any number of workers, a SIGKILL (the
--- grant ends at `until`; its jobs are rows), a rescue and a database restart (grants are rows).
---
--- What it costs. A grant is granted only when it takes at most half of each rate's room and the
--- running limits leave room for the reservations: a grant's unused starts stay counted until its
--- span and the period pass, so near a limit turns grant nothing and each claim takes its turn.
--- A pause holds at once (each claim reads the queue's row); a lowered limit, and a queue that
--- gains limits, hold for grants within a span.
 CREATE TABLE job_rate (
     queue           text NOT NULL,
     concurrency_key text NOT NULL,
@@ -304,22 +272,28 @@ CREATE TABLE job_rate (
     seq             bigint NOT NULL,
     n               integer NOT NULL CHECK (n > 0),
     keys            text[],
-    until           timestamptz,
-    reserved        integer,
-    PRIMARY KEY (queue, concurrency_key, at, seq),
-    CHECK ((until IS NULL) = (reserved IS NULL))
+    PRIMARY KEY (queue, concurrency_key, at, seq)
 );
 COMMENT ON COLUMN job_rate.keys IS
     'the keys of a claim''s starts (one element per job), when written in its '''' row';
-COMMENT ON COLUMN job_rate.until IS
-    'a grant''s end (the server''s clock): its worker may claim without a turn until then';
-COMMENT ON COLUMN job_rate.reserved IS 'a grant''s slots, counted as running jobs until `until`';
 
 -- The folded rows of a queue, by time: only claims that folded keys have an entry.
 CREATE INDEX job_rate_folded_idx ON job_rate (queue, at) WHERE keys IS NOT NULL;
--- The grants that may still claim (their reservations), and those that overlap a window.
-CREATE INDEX job_rate_grant_until_idx ON job_rate (queue, until) WHERE until IS NOT NULL;
-CREATE INDEX job_rate_grant_at_idx ON job_rate (queue, at) WHERE until IS NOT NULL;
+
+-- A claimed job as the claim returns it to its worker (job_claim, job_claim_turns). `arguments`
+-- is the JSON text: a composite travels in binary, and the connections decode jsonb from text.
+CREATE TYPE job_claimed AS (
+    token           bigint,
+    id              bigint,
+    job_type        text,
+    arguments       text,
+    attempts        integer,
+    max_retries     integer,
+    ripe_at         timestamptz,
+    claimed_at      timestamptz,
+    queue           text,
+    concurrency_key text
+);
 
 
 -- ============================================================================================

@@ -1,17 +1,15 @@
 -- How many more jobs of each key of p_keys queue `q` may start at p_at (NULL: no limit): within
--- its running limit per key less p_reserved (the running jobs the queue's grants count for: each
--- grant's jobs may all be the key's) when p_running, and within its rate per key when p_rated. A
--- limit left out is one that no key can reach in this claim (job_claimable).
+-- its running limit per key when p_running, and within its rate per key when p_rated. A limit
+-- left out is one that no key can reach in this claim (job_claim_turns).
 CREATE OR REPLACE FUNCTION job_key_allowances(
-    q job_queue, p_keys text[], p_at timestamptz, p_running boolean, p_rated boolean,
-    p_reserved bigint
+    q job_queue, p_keys text[], p_at timestamptz, p_running boolean, p_rated boolean
 )
 RETURNS TABLE (key text, n bigint) LANGUAGE plpgsql STABLE AS $$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
     SELECT k.key, least(
-        CASE WHEN p_running THEN q.max_running_per_key - coalesce(h.n, 0) - p_reserved END,
+        CASE WHEN p_running THEN q.max_running_per_key - coalesce(h.n, 0) END,
         CASE WHEN p_rated THEN q.key_rate_max_starts - coalesce(w.n, 0) END)
     FROM unnest(p_keys) AS k(key)
     LEFT JOIN (

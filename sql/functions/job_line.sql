@@ -4,7 +4,7 @@
 -- jobs already gone. Read as one range, `ripe_at <= p_now` would step over every job scheduled
 -- later whenever fewer are ripe than p_limit (ten million reminders due next year: seconds per
 -- idle claim). The same walk as the claim of a queue without limits (jobq.queue.sql). No row is
--- locked: job_claimable, whose settings it runs under, locks the ones it takes (its claims of a
+-- locked: job_claim_turns, whose settings it runs under, locks the ones it takes (its claims of a
 -- queue take turns, so none is lost to another's lock).
 CREATE OR REPLACE FUNCTION job_line(p_queue text, p_now timestamptz, p_limit integer)
 RETURNS TABLE (id bigint, concurrency_key text, priority smallint, ripe_at timestamptz)

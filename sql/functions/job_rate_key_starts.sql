@@ -1,7 +1,5 @@
 -- The starts after p_since of each key of p_keys of queue p_queue: its own rows and its
--- elements in the folded rows (both are at most the key rate within a key period), plus every
--- grant whose span overlaps the period: its starts may all be the key's (see job_rate in
--- sql/schema.sql).
+-- elements in the folded rows (both are at most the key rate within a key period).
 CREATE OR REPLACE FUNCTION job_rate_key_starts(p_queue text, p_keys text[], p_since timestamptz)
 RETURNS TABLE (key text, n bigint) LANGUAGE sql STABLE AS $$
     SELECT s.key, sum(s.n)::bigint FROM (
@@ -12,11 +10,6 @@ RETURNS TABLE (key text, n bigint) LANGUAGE sql STABLE AS $$
         SELECT f.key, 1 FROM job_rate AS r CROSS JOIN LATERAL unnest(r.keys) AS f(key)
         WHERE r.queue = p_queue AND r.keys IS NOT NULL AND r.at > p_since
           AND f.key = ANY(p_keys)
-        UNION ALL
-        SELECT k.key, r.n FROM unnest(p_keys) AS k(key)
-        JOIN job_rate AS r
-          ON r.queue = p_queue AND r.until IS NOT NULL
-         AND r.at > p_since - 2 * job_grant_span()
     ) AS s
     GROUP BY s.key
 $$;

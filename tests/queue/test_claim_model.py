@@ -1,6 +1,6 @@
 """The claim of a queue with limits against a model of its rule, claim after claim.
 
-The rule (sql/functions/job_claimable.sql): a queue's budget is its free slots within
+The rule (sql/functions/job_claim_turns.sql): a queue's budget is its free slots within
 its running limit and its rate; the budget goes to the first ripe jobs of its line (priority,
 then ripe_at) whose key has room, each key's allowance (running limit and rate per key) going to
 its own first jobs. The claim reads the head of the line, and walks the keys only when the head
