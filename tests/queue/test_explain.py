@@ -105,10 +105,7 @@ async def test_acks_find_their_rows_by_the_token_index(
     tokens = await running(filled)
     await filled.execute(f"SET plan_cache_mode = {plan_cache_mode}")
     now = clock.now()
-    if statement == "job_record":
-        args = outcomes(tokens[:30], now)
-    else:
-        args = claim_args(tokens[:30], now)
+    args = outcomes(tokens[:30], now) if statement == "job_record" else claim_args(tokens[:30], now)
     text = await plan(filled, getattr(sql, statement), **args)
     # completed (and failed and buried) each find their rows by token, never by a scan
     lookups = 1 if statement == "job_claim" else 3
