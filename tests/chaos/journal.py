@@ -199,12 +199,14 @@ class Analysis:
         # A row's own trigger time would tell a claim and the end of another claim that one
         # transaction makes apart (statement triggers fire at the end of each statement, and
         # the claim's statements are several), though no other transaction can see them apart.
-        rows = await conn.fetch(
-            "SELECT * FROM (SELECT *, max(at) OVER (PARTITION BY xid) AS committed_at"
-            " FROM chaos_journal) AS j WHERE job_id = ANY($1::bigint[]) ORDER BY id",
-            ids,
-        )
-        rows = [{**r, "at": r["committed_at"]} for r in rows]
+        rows = [
+            {**r, "at": r["committed_at"]}
+            for r in await conn.fetch(
+                "SELECT * FROM (SELECT *, max(at) OVER (PARTITION BY xid) AS committed_at"
+                " FROM chaos_journal) AS j WHERE job_id = ANY($1::bigint[]) ORDER BY id",
+                ids,
+            )
+        ]
         arrivals: dict[tuple[Any, int], dict[str, Any]] = {}
         by_token: dict[int, Claim] = {}
         departures = []
