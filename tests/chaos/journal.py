@@ -199,7 +199,7 @@ class Analysis:
         # A row's own trigger time would tell a claim and the end of another claim that one
         # transaction makes apart (statement triggers fire at the end of each statement, and
         # the claim's statements are several), though no other transaction can see them apart.
-        rows = [
+        rows: list[Any] = [
             {**r, "at": r["committed_at"]}
             for r in await conn.fetch(
                 "SELECT * FROM (SELECT *, max(at) OVER (PARTITION BY xid) AS committed_at"
