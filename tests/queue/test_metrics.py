@@ -236,6 +236,7 @@ async def test_one_process_takes_the_snapshot_per_interval_or_slower(database: D
             database, now=now + timedelta(seconds=at_s), interval=interval, retention=interval
         )
 
+    # exactly one, however the four interleave (the next test forces the worst interleaving)
     assert sorted(await asyncio.gather(*(take(0) for _ in range(4)))) == [0, 0, 0, 1]
     assert await take(1) == 0  # fresh still
     assert await take(3) == 1  # older than half an interval

@@ -13,8 +13,10 @@ Each service has the one shape of `jobq.queue.service.Service` (`run_once()` ret
 - `depth`: the queue depths counted for the metrics (`depth.depth_snapshot`).
 
 The lead can change hands in the middle of a round, so each round is correct however many
-run at once: the rescue and the pruner change only what they find, the scheduler locks each
-schedule it handles, and the depth snapshot is taken by the winner of its own election.
+run at once: the rescue moves each lost job in one `DELETE` (a rescue at the same time finds it
+gone), two pruners only make each other's DDL fail or delete nothing, the scheduler locks each
+schedule it handles, and the depth snapshot is taken by the winner of its own election
+(`depth.elect`).
 """
 
 from __future__ import annotations
