@@ -105,8 +105,6 @@ async def _claims(conn: db.Connection, queue: str) -> list[float]:
                 slots=[16],
                 worker_id=1,
                 lease_expires_at=now + timedelta(seconds=30),
-                capacity=[None],
-                until=[None],
             )
             took.append(time.perf_counter() - started)
         finally:

@@ -253,14 +253,20 @@ def main(argv: list[str] | None = None) -> int:
         return run(check(settings, args.rescue_grace_s))
     if store_command:
         return run(cli.run(args, settings))
-    if command == "run":
-        code = supervise(settings)
-    elif command == "serve":
-        run(serve(settings, args.fd))
-        code = 0
-    else:
-        run({"worker": work, "migrate": migrate}[command](settings))
-        code = 0
+    from jobq.migrate import PreBaselineDatabase
+
+    try:
+        if command == "run":
+            code = supervise(settings)
+        elif command == "serve":
+            run(serve(settings, args.fd))
+            code = 0
+        else:
+            run({"worker": work, "migrate": migrate}[command](settings))
+            code = 0
+    except PreBaselineDatabase as exc:
+        print(f"jobq: {exc}", file=sys.stderr)
+        return 1
     if settings.database_url is None:
         logging.getLogger("jobq").info("embedded PostgreSQL left running (make db-stop stops it)")
     return code

@@ -46,7 +46,7 @@ from jobq.queue.hub import Hub
 from jobq.queue.model import ClaimedJob
 from jobq.queue.registry import Registry, registry
 from jobq.queue.service import Service
-from jobq.queue.slots import Grants, Slots, has_limits, served_queues
+from jobq.queue.slots import Slots, has_limits, served_queues
 
 log = logging.getLogger("jobq.worker")
 
@@ -135,15 +135,11 @@ class Worker:
         type's run time over to the next (stamps of 2 ms, then a burst of no-ops)."""
         self.slots = Slots(served_queues(settings, handlers))
         self._limited: set[str] = set()
-        """Served queues with limits (as declared here, or as a claim found them declared by
-        another worker): their claims may be held back by jobs still running. While there is
-        none, or the claim makes each of theirs under a grant, the claims use the smaller
-        statement without limits (`store.record_and_claim`)."""
-        self.grants = Grants()
-        """The claims this worker may make with no turn (sql/018_limits_grants.sql)."""
+        """Served queues with limits (as declared here): their claims may be held back by jobs
+        still running."""
         self._recheck = False
-        """The last claim recorded outcomes of limited queues: claim again (it frees capacity
-        that the same statement could not see); or it skipped queues found to have limits."""
+        """The last claim recorded outcomes of limited queues: claim again (it frees room that
+        the same statement's turns may not have seen)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self.acker = Acker(
             database,
@@ -510,11 +506,7 @@ class Worker:
             self._recheck = False
             if not batch and not free:
                 return 0
-            sent = asyncio.get_running_loop().time()
-            under = self.grants.claiming(free, sent)
-            # never stamped before a grant's time in the rate windows (another host's clock set
-            # it, maybe ahead of this one's)
-            now = max([clock.now(), *(grant.at for grant in under.values())])
+            now = clock.now()
             try:
                 async with self._claim_connection() as conn:
                     claimed = await store.record_and_claim(
@@ -525,13 +517,9 @@ class Worker:
                         now=now,
                         lease_expires_at=now + self.settings.lease,
                         retain=self.settings.retain,
-                        limits=any(n in self._limited and n not in under for n in free),
-                        capacity=self.slots.capacity,
-                        grants={name: grant.until for name, grant in under.items()},
                     )
             except BaseException:
                 self.acker.restore(batch)
-                self.grants.forfeit(under)  # the claim may have committed: its starts unknown
                 listener = self._listener
                 if listener is not None and not listener.is_closed():
                     # A statement cut short (a killed backend, a cancellation) can leave the
@@ -540,15 +528,12 @@ class Worker:
                     # heartbeat grace keeps this worker's jobs meanwhile.
                     listener.terminate()
                 raise
-            jobs, recorded, next_ripe_at, limited, made = claimed
+            jobs, recorded, next_ripe_at = claimed
             taken = Counter(job.queue for job in jobs)
-            self.grants.claimed(sent, taken, under, made)
-            self.grants.forfeit(limited)  # skipped: their grants ended, or a turn was under way
             self.acker.settle(batch, recorded)
-            self._limited |= limited  # declared with limits by another worker: claim again
-            self._recheck = bool(free) and (
-                bool(limited) or any(job.queue in self._limited for job, _ in batch)
-            )
+            # outcomes of queues with limits recorded in this claim may free room its turns
+            # did not see: claim again
+            self._recheck = bool(free) and any(job.queue in self._limited for job, _ in batch)
             if free:
                 self._claimed = True
                 self._next_ripe_at = next_ripe_at
