@@ -4,19 +4,21 @@ One `Worker` per process. It serves a set of queues, each with its own slots (`S
 `Settings.queues`, or every declared queue. One claim fills the free slots of all of them. Its
 listener connection LISTENs on `jobq` and holds the session advisory lock (`WORKER_LOCK_CLASS`,
 worker id) that tells every other worker this one is alive: when the process dies, PostgreSQL
-drops the session and the lock, and the next rescue (every `rescue_interval`, in every worker)
-returns its jobs to the queue. A worker that is connected but hung stops heartbeating, its
-leases expire, and its jobs are rescued too. Every outcome names the job's fencing token, so a
-stale worker changes nothing.
+drops the session and the lock, and the next rescue (every `rescue_interval`, in the elected
+leader: `jobq.queue.leader`) returns its jobs to the queue. A worker that is connected but hung
+stops heartbeating, its leases expire, and its jobs are rescued too. Every outcome names the
+job's fencing token, so a stale worker changes nothing.
 
 Wake-ups: a notification, an in-process event after an enqueue commits here, a slot freed,
 the timer at the next `ripe_at`, the poll interval (the safety net), and stop.
 
 How one job runs and its outcome is recorded is `jobq.queue.executor`'s part.
 
-Every background service has one shape: `run_once()` does one round and returns a count;
-`run(stop)` loops on it. Here: `run_once` (claim), `heartbeat`, `rescue`; `run` also runs the
-maintenance services, and the metrics' flush and depth snapshot (`jobq.queue.metrics`).
+Every background service has one shape (`jobq.queue.service.Service`): `run_once()` does one
+round and returns a count; `run(stop)` loops on it. Here: `run_once` (claim) and `heartbeat`,
+which also takes or renews the lead; `run` also runs the metrics' flush (`jobq.queue.metrics`)
+and the leader's services (`jobq.queue.leader`: rescue, pruning, schedules, the depth snapshot),
+whose rounds run only while this worker leads.
 """
 
 from __future__ import annotations
@@ -37,13 +39,13 @@ import asyncpg
 from jobq import clock, db, tracing
 from jobq.config import Settings
 from jobq.db import Connection, Database
-from jobq.queue import hub, metrics, notify, schedule, sql, store
+from jobq.queue import hub, leader, metrics, notify, schedule, sql, store
 from jobq.queue.acker import Acker
 from jobq.queue.executor import Executor, describe
 from jobq.queue.hub import Hub
-from jobq.queue.maintenance import Service, pruner, rescuer
 from jobq.queue.model import ClaimedJob
 from jobq.queue.registry import Registry, registry
+from jobq.queue.service import Service
 from jobq.queue.slots import Slots, has_limits, served_queues
 
 log = logging.getLogger("jobq.worker")
@@ -146,7 +148,6 @@ class Worker:
             self.slots.release,
             limited=lambda job: job.queue in self._limited,
         )
-        self._rescuer = rescuer(database, settings)
         self.executor = Executor(settings, handlers, self.state, self.acker)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -298,14 +299,7 @@ class Worker:
         if self._loop is None:
             await self.start()
         stopped = asyncio.Event()  # the services outlive the drain: the heartbeat keeps leases
-        upkeep = (  # the fleet's, run by its leader alone
-            self._rescuer,
-            pruner(self.database, self.settings),
-            Service("schedule", self.settings.schedule_interval, self.enqueue_scheduled),
-            metrics.depth_snapshot(
-                self.database, self.settings.metrics_snapshot_interval, self.settings.retention
-            ),
-        )
+        upkeep = leader.services(self.database, self.settings, self.handlers)  # the leader's
         for service in upkeep:
             service.when = self._leading
         services = [
@@ -626,14 +620,15 @@ class Worker:
             store.wake_workers(self.database)
 
     async def enqueue_scheduled(self) -> int:
-        """One round of this worker's scheduler (`jobq.queue.schedule.enqueue_due`); return
-        how many occurrences were enqueued."""
-        return await schedule.enqueue_due(self.database, self.handlers, now=clock.now())
+        """One round of the scheduler (`jobq.queue.leader.schedules.enqueue_due`) for this
+        worker's job types, whether it leads or not; return how many occurrences were
+        enqueued."""
+        return await leader.schedules.enqueue_due(self.database, self.handlers, now=clock.now())
 
     async def rescue(self) -> int:
-        """One round of this worker's rescuer (`jobq.queue.maintenance.rescuer`); return how
-        many jobs were rescued."""
-        return await self._rescuer.run_once()
+        """One round of the rescue (`jobq.queue.leader.rescue.rescuer`), whether this worker
+        leads or not; return how many jobs were rescued."""
+        return await leader.rescuer(self.database, self.settings).run_once()
 
     # -- running one job -------------------------------------------------------------------
 
