@@ -33,7 +33,7 @@ The statements spell it out as a literal."""
 
 METRICS_LOCK = (WORKER_LOCK_CLASS, -12)
 """The transaction-level advisory lock (classid 'jobq', objid -12: no worker's id) of the
-process that takes the depth snapshot (`job_depth_elect`)."""
+process that takes the depth snapshot (`job_depth_lock`)."""
 
 _PARAMETER = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
 _DOC = re.compile(r"^-- name: (?P<name>\w+)\W*\n(?P<doc>(?:--.*\n)*)", re.MULTILINE)

@@ -409,7 +409,7 @@ counting) instead."""
 async def snapshot_counts(conn: Connection, *, max_count: int | None = None) -> datetime | None:
     """When the queued jobs are to be read from the last depth snapshot rather than counted: its
     time (aware UTC) while `job` holds more than `max_count` jobs (None: `LIVE_COUNT_MAX`) and a
-    snapshot exists (`jobq.queue.metrics.take_depth_snapshot`, every few seconds by one
+    snapshot exists (`jobq.queue.leader.depth.take_depth_snapshot`, every few seconds by one
     worker); else None, they are counted now (a small queue, or no snapshot yet)."""
     max_count = LIVE_COUNT_MAX if max_count is None else max_count
     if not await sql.job_count_over.fetchval(conn, max_count=max_count):

@@ -145,7 +145,7 @@ CREATE TABLE job_done_default PARTITION OF job_done DEFAULT;
 
 -- Each failed attempt's error and traceback (bounded), kept `JOBQ_RETENTION_S` like finished
 -- jobs: partitioned by the UTC day it failed, the same pruner making and dropping the days'
--- partitions (jobq.queue.maintenance). Written by the statements that record a failure (a
+-- partitions (jobq.queue.leader.prune). Written by the statements that record a failure (a
 -- retry, a burial, a rescue): a job that succeeds the first time writes nothing here.
 CREATE TABLE job_attempt (
     job_id    bigint      NOT NULL,
