@@ -19,7 +19,7 @@ import asyncpg
 from jobq import clock
 from jobq.config import Settings
 from jobq.db import Connection, Database
-from jobq.queue import sql, store
+from jobq.queue import sql, store, wakeup
 
 log = logging.getLogger("jobq.worker")
 
@@ -77,7 +77,7 @@ def rescuer(database: Database, settings: Settings) -> Service:
             await store.prune_rates(conn, now=now)
         if count:
             log.warning("rescued %d jobs of dead or hung workers", count)
-            store.wake_workers(database)
+            wakeup.wake_workers(database)
         return count
 
     return Service("rescue", settings.rescue_interval, rescue)

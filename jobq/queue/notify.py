@@ -10,7 +10,7 @@ serve every commit that came before it was sent.
 
 The price: a job inserted by plain SQL wakes nobody until the next poll, unless that
 transaction also runs `NOTIFY jobq`. Workers of this process are woken directly
-(`store.wakeups`), without waiting for the notification.
+(`jobq.queue.wakeup.wake_workers`), without waiting for the notification.
 """
 
 from __future__ import annotations

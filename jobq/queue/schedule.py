@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from jobq import db
 from jobq.db import Connection, Database
 from jobq.errors import Conflict, NotFound
-from jobq.queue import control, metrics, sql, store
+from jobq.queue import control, metrics, sql, wakeup
 from jobq.queue.recurrence import LOOK_AHEAD, ScheduleSpec, due, recurrence_of
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ async def enqueue_due(
                 enqueued += await _occurrences(conn, row, ats, handlers, now)
             await sql.schedule_advance.execute(conn, name=row["name"], next_at=next_at)
         if enqueued:
-            store.wake_workers_after_commit()
+            wakeup.wake_workers_after_commit()
     return enqueued
 
 

@@ -6,56 +6,22 @@ worker's operations take an explicit connection and run as single autocommit sta
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from jobq import clock, tracing
-from jobq.db import (
-    Connection,
-    Database,
-    current_database,
-    current_transaction,
-    json_arg,
-    write_transaction,
-)
+from jobq.db import Connection, current_database, current_transaction, json_arg, write_transaction
 from jobq.db import conn as current_conn
 from jobq.errors import DuplicateJob
 from jobq.queue import metrics, sql
 from jobq.queue.model import ClaimedJob, Enqueued, Job, Outcome, Unique, Verdict
-from jobq.queue.notify import notifier
 from jobq.queue.registry import DEFAULT_QUEUE, QueueSpec, Registry, registry
+from jobq.queue.wakeup import wake_workers_after_commit
 
 Slots = int | Mapping[str, int]
 """Free slots to claim into: per queue, or an int for the `default` queue alone."""
-
-wakeups: set[asyncio.Event] = set()
-"""Wake-up events of the workers of this process; set when a transaction that enqueued commits."""
-
-
-def wake_workers(database: Database) -> None:
-    """Wake the workers: those of this process at once (their events), those of every process
-    by `NOTIFY jobq` on `database` (coalesced: `jobq.queue.notify`). Call it after the commit
-    that put jobs in `job`."""
-    for event in wakeups:
-        event.set()
-    notifier(database).notify()
-
-
-def _wake_workers_of_this_transaction() -> None:
-    wake_workers(current_database())
-
-
-def wake_workers_after_commit() -> None:
-    """Wake the workers once the transaction in progress commits (once per transaction, and
-    never when it rolls back); outside a transaction, now."""
-    tx = current_transaction()
-    if tx is None:
-        wake_workers(current_database())
-    elif _wake_workers_of_this_transaction not in tx.after_commit:
-        tx.after_commit.append(_wake_workers_of_this_transaction)
 
 
 async def enqueue(job: Job, *, handlers: Registry = registry) -> Enqueued:
@@ -66,7 +32,8 @@ async def enqueue(job: Job, *, handlers: Registry = registry) -> Enqueued:
     same `job_type` and `arguments`, queued), nothing is inserted and the twin's id is returned
     with `duplicate=True`; by default a queued twin due later is moved to this job's `ripe_at`
     (never postponed). Workers are woken once per transaction, after its commit
-    (`wake_workers`): by a `NOTIFY jobq` sent then and, in this process, by an event.
+    (`jobq.queue.wakeup.wake_workers`): by a `NOTIFY jobq` sent then and, in this process, by
+    an event.
     `handlers` tells a job that names no `queue`, `max_retries` or `unique` its handler's
     (default: the process's registry).
     Raises: `DuplicateJob` when the twin's `Unique.on_conflict` is `raise`;
