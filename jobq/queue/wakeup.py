@@ -147,7 +147,12 @@ class Wakeups:
         events.add(self.event)
 
     def unsubscribe(self) -> None:
+        """No longer be woken by the enqueues of this process (the worker stopped)."""
         events.discard(self.event)
+
+    def wake(self) -> None:
+        """Wake the worker now (it stops, or its listener is lost or back)."""
+        self.event.set()
 
     def hand_over(self) -> None:
         """Stop being the host's hub: wake the followers, the first of which to find no hub
@@ -170,7 +175,7 @@ class Wakeups:
         """The listener is lost: wake the worker (it reconnects at its heartbeat)."""
         self._listener = None
         self.listening = False
-        self.event.set()
+        self.wake()
 
     def hello(self) -> None:
         """At each heartbeat: remind the hub of this worker (`Hub.hello`)."""
@@ -180,7 +185,7 @@ class Wakeups:
     def reconnected(self) -> None:
         """The listener is back: claim, and let the hub wake its followers (notifications were
         missed while it was away)."""
-        self.event.set()
+        self.wake()
         if self.hub is not None and self.hub.leading:
             self.hub.wake_all()
 

@@ -222,13 +222,13 @@ class Worker:
     async def _watch(self, stop: asyncio.Event) -> None:
         await stop.wait()
         self._stopping.set()
-        self.wakeups.event.set()
+        self.wakeups.wake()
 
     async def stop(self, drain_timeout: timedelta | None = None) -> None:
         """Graceful stop: claim nothing more (sleeps end at once), let running jobs finish for
         up to `drain_timeout` (default `settings.drain_timeout`), then `abort()` the rest."""
         self._stopping.set()
-        self.wakeups.event.set()
+        self.wakeups.wake()
         self.wakeups.hand_over()
         async with self._claim_lock:
             pass  # a claim in flight finishes and starts its jobs
@@ -247,7 +247,7 @@ class Worker:
         recorded. Jobs already recording their outcome finish that. Then unregister and close
         the listener (which releases the liveness lock)."""
         self._stopping.set()
-        self.wakeups.event.set()
+        self.wakeups.wake()
         self.wakeups.hand_over()
         async with self._claim_lock:
             pass  # a claim in flight starts its jobs first; they are cancelled below
