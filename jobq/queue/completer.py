@@ -9,8 +9,7 @@ one statement records what finished and fills the slots that freed. Otherwise (s
 driven by hand in tests) the completer records them itself (`sql.job_record`): an outcome waits
 for the batch in flight, if any, and one turn of the event loop, then goes with everything that
 finished meanwhile. Either way batches grow with the load, like a database's group commit, and
-an idle worker records an outcome at once. (River's `JobCompleter` and Oban's engine batch
-completions the same way.)
+an idle worker records an outcome at once (as River's batching `JobCompleter` does).
 
 A job whose outcome is not recorded yet stays in `job_running` under its worker's lease (the
 heartbeat extends it): a crash before the batch commits can only make it run again after the
