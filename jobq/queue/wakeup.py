@@ -34,26 +34,41 @@ from jobq.queue.slots import Slots
 log = logging.getLogger("jobq.worker")
 
 FOLLOWER_POLLS = 3
-"""A follower of its host's hub naps this many poll intervals at most. At the end of such a
-nap it claims nothing: it tells its hub again that it is idle (in case a word was lost), and
-the hub's poll, which wakes idle followers for the queues the hub has no room in, covers it.
-Polls that claimed in every follower added up, in a fleet, to workers joining a drain of fast
-jobs that one worker kept up with, each costing the database more per job (`python -m bench
-fleet`, busy). A follower still claims when woken, when a job it knows of ripens, and, polling
-each poll interval, while its hub does not answer (`Hub.orphaned`)."""
+"""A follower of its host's hub naps this many poll intervals at most, and then claims nothing:
+it tells its hub again that it is idle, and the hub's poll covers it (claims in every follower
+would join a drain one worker keeps up with, each costing the database more per job). A
+follower still claims when woken, when a job it knows of ripens, and at each poll interval
+while its hub does not answer (`Hub.orphaned`)."""
 
 SLOW_JOB_S = 0.001
-"""Jobs that run this many seconds or more, on average in this worker by their types, keep
-their queue's slots taken longer than a claim takes to fill them again (a claim of 16 jobs and
-their start: about 0.5 ms of the worker's time here): a claim that fills that queue's slots
-with such jobs asks the host's hub for another worker. Faster jobs leave the worker's own
-loop as what limits it, and more workers taking turns on the same cores cost the database
-more per job (`python -m bench fleet`, busy). Before a worker knows how long a type's jobs
-run, a claim that fills a queue with some waits this long for one of its jobs to end, and asks
-for help if none does."""
+"""Jobs that run this long or longer (a moving average by type) keep their slots longer than a
+claim takes to fill them again: a claim that fills a queue with such jobs asks the host's hub
+for another worker. Faster jobs leave the worker's own loop as the bound, where more workers
+would only cost the database more per job. Before a type's run time is known, a claim that
+fills a queue waits this long for a job to end, and asks for help if none does."""
 
 RUN_TIME_WEIGHT = 0.2
 """The weight of a job's run time in its type's moving average (`Wakeups.timed`)."""
+
+
+class Alarm(asyncio.Event):
+    """A worker's wake-up event that tells news (anything that may have put work in its queues:
+    an enqueue, a notification, the hub, a stop, the timer, the poll) from a job of its own
+    ending (`set_quietly`), which makes only some queues worth claiming (`worth_claiming`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.news = False
+        self.quiet = False
+
+    def set(self) -> None:
+        self.news = True
+        super().set()
+
+    def set_quietly(self) -> None:
+        self.quiet = True
+        super().set()
+
 
 events: set[asyncio.Event] = set()
 """The wake-up events of this process's workers (`Wakeups.subscribe`)."""
@@ -104,7 +119,7 @@ class Wakeups:
     ) -> None:
         self.settings = settings
         self.slots = slots
-        self.event = asyncio.Event()
+        self.event = Alarm()
         """Set to wake the worker (its nap ends); cleared as each round of its loop begins."""
         self.hub: Hub | None = None
         self.listening = False
@@ -120,6 +135,8 @@ class Wakeups:
         """The hub woke this worker since its last nap."""
         self._claimed = False
         """The last round claimed (else it only recorded outcomes, or did nothing)."""
+        self._partial = False
+        """This round claims some of the queues only (`worth_claiming`)."""
         self._next_ripe_at: datetime | None = None
         """What the last round's claim said of the queues it did not fill: when a claim of
         theirs may next find work (None: nothing queued there, no rate window to wait for)."""
@@ -242,9 +259,28 @@ class Wakeups:
         self._claimed = False
         self._filled = {}
 
+    def worth_claiming(self, free: dict[str, int], ending: set[str]) -> dict[str, int]:
+        """The queues of `free` (free slots by queue) a claim may find work in: all of them
+        after news (`Alarm`), a round that did not claim, or no wake-up at all (a round run by
+        hand); after jobs ended alone, the queues
+        the last claim filled (more of their jobs may be ripe) and those in `ending` (their
+        jobs' outcomes free room, which a limit may have held back). A queue left out had no
+        ripe job at the last claim, and its next ripe time stays on the timer (`claimed`)."""
+        news, quiet = self.event.news, self.event.quiet
+        self.event.news = self.event.quiet = False
+        if news or not quiet or not self._claimed:
+            self._partial = False
+            return free
+        self._partial = True
+        return {name: n for name, n in free.items() if name in self._filled or name in ending}
+
     def claimed(self, next_ripe_at: datetime | None, filled: dict[str, list[str]]) -> None:
         """This round claimed: `next_ripe_at` of the queues it did not fill, and the queues it
-        `filled`, each with the types of the jobs it took there."""
+        `filled`, each with the types of the jobs it took there. After a claim of some queues
+        (`worth_claiming`), the timer keeps the earlier time the claims before told of the
+        others."""
+        if self._partial and self._next_ripe_at is not None:
+            next_ripe_at = min(next_ripe_at or self._next_ripe_at, self._next_ripe_at)
         self._claimed = True
         self._next_ripe_at = next_ripe_at
         self._filled = filled
@@ -271,7 +307,7 @@ class Wakeups:
     def job_ended(self) -> None:
         """A job's task is done: its slot frees once its outcome is recorded."""
         self.ended += 1
-        self.event.set()
+        self.event.set_quietly()
 
     # -- the hub -----------------------------------------------------------------------------
 
@@ -322,7 +358,10 @@ class Wakeups:
         """The worker's nap between rounds (`nap`). Return whether its next round is covered
         by its hub's poll (it is a follower whose poll came: it claims nothing then). At the
         end of the hub's own poll, the hub wakes followers for the queues it has no room in."""
-        if await self.nap(seconds) or self.hub is None:
+        if await self.nap(seconds):
+            return False
+        self.event.news = True  # the timer or the poll
+        if self.hub is None:
             return False
         room = [name for name, n in self.slots.free().items() if n > 0]
         if self.hub.leading:

@@ -85,9 +85,9 @@ class Worker:
         self._limited: set[str] = set()
         """Served queues with limits (as declared here): their claims may be held back by jobs
         still running."""
-        self._recheck = False
-        """The last claim recorded outcomes of limited queues: claim again (it frees room that
-        the same statement's turns may not have seen)."""
+        self._recheck: set[str] = set()
+        """The limited queues whose outcomes the last claim recorded: claim them again (their
+        outcomes free room that the same statement's turns may not have seen)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self.completer = Completer(
             database,
@@ -192,7 +192,7 @@ class Worker:
                         took = await self.run_once()
                         free = self.slots.free()
                         if wakeups.room_where_filled(free) or (
-                            self._recheck and self.free_slots > 0
+                            bool(self._recheck) and self.free_slots > 0
                         ):
                             continue  # more may be ripe where there is room, or a limit freed
                         if wakeups.run_times_unknown() and await wakeups.keeps_up(ended):
@@ -279,12 +279,13 @@ class Worker:
         Raises: `asyncpg.PostgresError` / `OSError` (the outcomes wait for the next round).
         """
         async with self._claim_lock:
-            self.wakeups.claiming()
             batch = self.completer.take_batch()
             claiming = not self._stopping.is_set() and self.alive and self.id is not None
             free = self.slots.free([job for job, _ in batch]) if claiming else {}
-            free = {name: n for name, n in free.items() if n > 0}
-            self._recheck = False
+            ending = {job.queue for job, _ in batch} | self._recheck
+            free = self.wakeups.worth_claiming({n: k for n, k in free.items() if k > 0}, ending)
+            self.wakeups.claiming()
+            self._recheck = set()
             if not batch and not free:
                 return 0
             now = clock.now()
@@ -308,7 +309,8 @@ class Worker:
             self.completer.settled(batch, recorded)
             # outcomes of queues with limits recorded in this claim may free room its turns
             # did not see: claim again
-            self._recheck = bool(free) and any(job.queue in self._limited for job, _ in batch)
+            if free:
+                self._recheck = {job.queue for job, _ in batch if job.queue in self._limited}
             if free:
                 filled = {
                     name: [job.job_type for job in jobs if job.queue == name]
