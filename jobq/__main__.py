@@ -18,8 +18,9 @@ def _note_stop(_signum: int, _frame: object) -> None:
 
 
 if __name__ == "__main__" and sys.argv[1:2] in (["serve"], ["worker"]):
-    # First thing, before the imports below (0.4 s here): a child stopped while it imports
-    # died of the signal (exit -15 in `make chaos`, a respawned worker stopped at the end).
+    # First thing, before the imports below (they take a while): a child stopped while it
+    # imports (a worker respawned just before the end) would die of the signal (exit -15)
+    # instead of stopping.
     for _sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(_sig, _note_stop)
 
@@ -145,8 +146,8 @@ async def check(settings: Settings, rescue_grace_s: float) -> int:
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:
-    """Run `main` to completion on uvloop (libuv's event loop: about a third less CPU per job
-    than asyncio's own, measured with `make bench`) where it is installed, else on asyncio's."""
+    """Run `main` to completion on uvloop (libuv's event loop: less CPU per job than asyncio's
+    own) where it is installed, else on asyncio's."""
     try:
         import uvloop
     except ImportError:  # not on Windows
@@ -250,14 +251,20 @@ def main(argv: list[str] | None = None) -> int:
         return run(check(settings, args.rescue_grace_s))
     if store_command:
         return run(cli.run(args, settings))
-    if command == "run":
-        code = supervise(settings)
-    elif command == "serve":
-        run(serve(settings, args.fd))
-        code = 0
-    else:
-        run({"worker": work, "migrate": migrate}[command](settings))
-        code = 0
+    from jobq.migrate import PreBaselineDatabase
+
+    try:
+        if command == "run":
+            code = supervise(settings)
+        elif command == "serve":
+            run(serve(settings, args.fd))
+            code = 0
+        else:
+            run({"worker": work, "migrate": migrate}[command](settings))
+            code = 0
+    except PreBaselineDatabase as exc:
+        print(f"jobq: {exc}", file=sys.stderr)
+        return 1
     if settings.database_url is None:
         logging.getLogger("jobq").info("embedded PostgreSQL left running (make db-stop stops it)")
     return code

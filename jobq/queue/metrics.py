@@ -10,32 +10,25 @@ So the counts are cumulative over every process on every host however many there
 survive restarts: the database adds, and a scrape of any web process reads the sums
 (`jobq.api.metrics`). A process killed hard loses at most its last second of counts.
 
-The queue depths need counting a big table, so they are not counted at scrape time: the
-`depth_snapshot` service of every worker offers every few seconds, and the one that wins a
-transaction-level advisory lock (while the last snapshot is stale) counts into `job_depth`;
-a count that took long makes the next one wait 20 times as long (5% of a core at most).
+The queue depths need counting a big table, so a scrape does not count them: it reads the
+snapshot that the leader takes every few seconds (`jobq.queue.leader.depth`).
 """
 
 from __future__ import annotations
 
 import bisect
-import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from jobq import clock
 from jobq.db import Connection, Database, current_transaction
 from jobq.queue import sql
 from jobq.queue.model import ClaimedJob, Outcome, Verdict
+from jobq.queue.service import Service
 
-if TYPE_CHECKING:
-    from jobq.queue.maintenance import Service
-
-# `jobq.queue.store` counts its enqueues here, and `maintenance` imports `store`: this module
-# imports them where it uses them.
+# `jobq.queue.store` counts its enqueues here: this module imports it where it uses it.
 
 EVENTS = ("enqueued", "started", "succeeded", "retried", "failed", "cancelled", "snoozed")
 """The events counted per queue and job type (`job_counter.event`)."""
@@ -217,47 +210,11 @@ async def flush(database: Database, source: Tally | None = None) -> int:
 
 def flusher(database: Database, interval: timedelta) -> Service:
     """The service that `flush`es this process's tally every `interval`."""
-    from jobq.queue.maintenance import Service
 
     async def once() -> int:
         return await flush(database)
 
     return Service("metrics flush", interval, once)
-
-
-async def take_depth_snapshot(
-    database: Database, *, now: datetime, interval: timedelta, retention: timedelta
-) -> int:
-    """Count the queue depths into `job_depth` (`sql.job_depth_take`) if this process wins the
-    metrics lock and the last snapshot is older than half an `interval` and than 20 times the
-    time its count took; then forget the trace contexts (`job_trace`) older than `retention`
-    (and a day), 5,000 at a time. Return how many queues were counted (0: another process did,
-    or will). Raises: `asyncpg.PostgresError`."""
-    async with database.pool.acquire() as conn:
-        async with conn.transaction():
-            if not await sql.job_depth_elect.fetchval(conn, now=now, fresh_for=interval / 2):
-                return 0
-            started = time.perf_counter()
-            status = await sql.job_depth_take.execute(conn, now=now)
-            took_s = time.perf_counter() - started
-            await sql.job_depth_took.execute(conn, took_s=took_s, now=now)
-        cutoff = now - max(retention, timedelta(days=1))
-        while await sql.job_trace_prune.fetchval(conn, cutoff=cutoff, batch=5000) == 5000:
-            pass
-    return int(status.split()[-1])
-
-
-def depth_snapshot(database: Database, interval: timedelta, retention: timedelta) -> Service:
-    """The service that offers to take the depth snapshot every `interval`
-    (`take_depth_snapshot`): with N workers, one of them counts, about once per interval."""
-    from jobq.queue.maintenance import Service
-
-    async def once() -> int:
-        return await take_depth_snapshot(
-            database, now=clock.now(), interval=interval, retention=retention
-        )
-
-    return Service("metrics snapshot", interval, once)
 
 
 # -- what a scrape reads ----------------------------------------------------------------------

@@ -16,7 +16,7 @@ The statements spell it out as a literal."""
 
 METRICS_LOCK = (WORKER_LOCK_CLASS, -12)
 """The transaction-level advisory lock (classid 'jobq', objid -12: no worker's id) of the
-process that takes the depth snapshot (`job_depth_elect`)."""
+process that takes the depth snapshot (`job_depth_lock`)."""
 
 
 def __getattr__(name: str) -> Query:

@@ -4,19 +4,21 @@ One `Worker` per process. It serves a set of queues, each with its own slots (`S
 `Settings.queues`, or every declared queue. One claim fills the free slots of all of them. Its
 listener connection LISTENs on `jobq` and holds the session advisory lock (`WORKER_LOCK_CLASS`,
 worker id) that tells every other worker this one is alive: when the process dies, PostgreSQL
-drops the session and the lock, and the next rescue (every `rescue_interval`, in every worker)
-returns its jobs to the queue. A worker that is connected but hung stops heartbeating, its
-leases expire, and its jobs are rescued too. Every outcome names the job's fencing token, so a
-stale worker changes nothing.
+drops the session and the lock, and the next rescue (every `rescue_interval`, in the elected
+leader: `jobq.queue.leader`) returns its jobs to the queue. A worker that is connected but hung
+stops heartbeating, its leases expire, and its jobs are rescued too. Every outcome names the
+job's fencing token, so a stale worker changes nothing.
 
 Wake-ups: a notification, an in-process event after an enqueue commits here, a slot freed,
 the timer at the next `ripe_at`, the poll interval (the safety net), and stop.
 
 How one job runs and its outcome is recorded is `jobq.queue.executor`'s part.
 
-Every background service has one shape: `run_once()` does one round and returns a count;
-`run(stop)` loops on it. Here: `run_once` (claim), `heartbeat`, `rescue`; `run` also runs the
-maintenance services, and the metrics' flush and depth snapshot (`jobq.queue.metrics`).
+Every background service has one shape (`jobq.queue.service.Service`): `run_once()` does one
+round and returns a count; `run(stop)` loops on it. Here: `run_once` (claim) and `heartbeat`,
+which also takes or renews the lead; `run` also runs the metrics' flush (`jobq.queue.metrics`)
+and the leader's services (`jobq.queue.leader`: rescue, pruning, schedules, the depth snapshot),
+whose rounds run only while this worker leads.
 """
 
 from __future__ import annotations
@@ -37,14 +39,14 @@ import asyncpg
 from jobq import clock, db, tracing
 from jobq.config import Settings
 from jobq.db import Connection, Database
-from jobq.queue import hub, metrics, notify, schedule, sql, store
+from jobq.queue import hub, leader, metrics, notify, schedule, sql, store
 from jobq.queue.acker import Acker
 from jobq.queue.executor import Executor, describe
 from jobq.queue.hub import Hub
-from jobq.queue.maintenance import Service, pruner, rescuer
 from jobq.queue.model import ClaimedJob
 from jobq.queue.registry import Registry, registry
-from jobq.queue.slots import Grants, Slots, has_limits, served_queues
+from jobq.queue.service import Service
+from jobq.queue.slots import Slots, has_limits, served_queues
 
 log = logging.getLogger("jobq.worker")
 
@@ -133,15 +135,11 @@ class Worker:
         type's run time over to the next (stamps of 2 ms, then a burst of no-ops)."""
         self.slots = Slots(served_queues(settings, handlers))
         self._limited: set[str] = set()
-        """Served queues with limits (as declared here, or as a claim found them declared by
-        another worker): their claims may be held back by jobs still running. While there is
-        none, or the claim makes each of theirs under a grant, the claims use the smaller
-        statement without limits (`store.record_and_claim`)."""
-        self.grants = Grants()
-        """The claims this worker may make with no turn (sql/018_limits_grants.sql)."""
+        """Served queues with limits (as declared here): their claims may be held back by jobs
+        still running."""
         self._recheck = False
-        """The last claim recorded outcomes of limited queues: claim again (it frees capacity
-        that the same statement could not see); or it skipped queues found to have limits."""
+        """The last claim recorded outcomes of limited queues: claim again (it frees room that
+        the same statement's turns may not have seen)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self.acker = Acker(
             database,
@@ -150,7 +148,6 @@ class Worker:
             self.slots.release,
             limited=lambda job: job.queue in self._limited,
         )
-        self._rescuer = rescuer(database, settings)
         self.executor = Executor(settings, handlers, self.state, self.acker)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -302,14 +299,7 @@ class Worker:
         if self._loop is None:
             await self.start()
         stopped = asyncio.Event()  # the services outlive the drain: the heartbeat keeps leases
-        upkeep = (  # the fleet's, run by its leader alone
-            self._rescuer,
-            pruner(self.database, self.settings),
-            Service("schedule", self.settings.schedule_interval, self.enqueue_scheduled),
-            metrics.depth_snapshot(
-                self.database, self.settings.metrics_snapshot_interval, self.settings.retention
-            ),
-        )
+        upkeep = leader.services(self.database, self.settings, self.handlers)  # the leader's
         for service in upkeep:
             service.when = self._leading
         services = [
@@ -516,11 +506,7 @@ class Worker:
             self._recheck = False
             if not batch and not free:
                 return 0
-            sent = asyncio.get_running_loop().time()
-            under = self.grants.claiming(free, sent)
-            # never stamped before a grant's time in the rate windows (another host's clock set
-            # it, maybe ahead of this one's)
-            now = max([clock.now(), *(grant.at for grant in under.values())])
+            now = clock.now()
             try:
                 async with self._claim_connection() as conn:
                     claimed = await store.record_and_claim(
@@ -531,13 +517,9 @@ class Worker:
                         now=now,
                         lease_expires_at=now + self.settings.lease,
                         retain=self.settings.retain,
-                        limits=any(n in self._limited and n not in under for n in free),
-                        capacity=self.slots.capacity,
-                        grants={name: grant.until for name, grant in under.items()},
                     )
             except BaseException:
                 self.acker.restore(batch)
-                self.grants.forfeit(under)  # the claim may have committed: its starts unknown
                 listener = self._listener
                 if listener is not None and not listener.is_closed():
                     # A statement cut short (a killed backend, a cancellation) can leave the
@@ -546,15 +528,12 @@ class Worker:
                     # heartbeat grace keeps this worker's jobs meanwhile.
                     listener.terminate()
                 raise
-            jobs, recorded, next_ripe_at, limited, made = claimed
+            jobs, recorded, next_ripe_at = claimed
             taken = Counter(job.queue for job in jobs)
-            self.grants.claimed(sent, taken, under, made)
-            self.grants.forfeit(limited)  # skipped: their grants ended, or a turn was under way
             self.acker.settle(batch, recorded)
-            self._limited |= limited  # declared with limits by another worker: claim again
-            self._recheck = bool(free) and (
-                bool(limited) or any(job.queue in self._limited for job, _ in batch)
-            )
+            # outcomes of queues with limits recorded in this claim may free room its turns
+            # did not see: claim again
+            self._recheck = bool(free) and any(job.queue in self._limited for job, _ in batch)
             if free:
                 self._claimed = True
                 self._next_ripe_at = next_ripe_at
@@ -641,14 +620,15 @@ class Worker:
             store.wake_workers(self.database)
 
     async def enqueue_scheduled(self) -> int:
-        """One round of this worker's scheduler (`jobq.queue.schedule.enqueue_due`); return
-        how many occurrences were enqueued."""
-        return await schedule.enqueue_due(self.database, self.handlers, now=clock.now())
+        """One round of the scheduler (`jobq.queue.leader.schedules.enqueue_due`) for this
+        worker's job types, whether it leads or not; return how many occurrences were
+        enqueued."""
+        return await leader.schedules.enqueue_due(self.database, self.handlers, now=clock.now())
 
     async def rescue(self) -> int:
-        """One round of this worker's rescuer (`jobq.queue.maintenance.rescuer`); return how
-        many jobs were rescued."""
-        return await self._rescuer.run_once()
+        """One round of the rescue (`jobq.queue.leader.rescue.rescuer`), whether this worker
+        leads or not; return how many jobs were rescued."""
+        return await leader.rescuer(self.database, self.settings).run_once()
 
     # -- running one job -------------------------------------------------------------------
 

@@ -1,560 +1,117 @@
 -- name: job_claim
--- The usual claim: the jobs that finished since the last one all succeeded.
+-- The claim: records the jobs of worker :worker_id that succeeded since its last claim, and moves
+-- up to :slots[i] ripe jobs (ripe_at <= :now) of each queue :queues[i] from job to job_running,
+-- each with a new fencing token, leased until :lease_expires_at.
+-- :completed: the succeeded jobs' tokens, :results their results (JSON text, NULL: none);
+-- :retain: keep them in job_done (false: retention is off). A stale token (the job was rescued)
+-- matches no row and changes nothing; a job cancelled while it ran ends `cancelled`.
+-- Returns one row: `jobs` (job_claimed[]: the claimed jobs), `recorded` (the tokens of the
+-- outcomes recorded) and `next_ripe_at` (when a claim of the queues it did not fill may next
+-- find work: their earliest ripe_at after :now, or the moment a full rate window of a queue
+-- with limits opens; NULL: neither).
 WITH completed AS (
+    -- 1. the succeeded jobs leave job_running (fenced by their tokens) ...
     DELETE FROM job_running WHERE token = ANY(:completed::bigint[])
     RETURNING token, id, job_type, queue, arguments, attempts, last_error, created_at, awaited,
               cancelled_at
 ), succeeded AS (
-    INSERT INTO job_done (id, job_type, queue, arguments, state, attempts, last_error, result, created_at, finished_at)
-    SELECT s.id, s.job_type, s.queue, s.arguments, CASE WHEN s.cancelled_at IS NULL THEN 'succeeded' ELSE 'cancelled' END, s.attempts + 1, s.last_error, CASE WHEN s.cancelled_at IS NULL THEN s.result::jsonb END,
-           s.created_at, :now::timestamptz
-    FROM (SELECT c.*, u.result FROM completed AS c JOIN unnest(:completed::bigint[], :results::text[]) AS u(token, result) USING (token)) AS s
+    -- ... for job_done, with their results
+    INSERT INTO job_done (id, job_type, queue, arguments, state, attempts, last_error, result,
+                          created_at, finished_at)
+    SELECT c.id, c.job_type, c.queue, c.arguments,
+           CASE WHEN c.cancelled_at IS NULL THEN 'succeeded' ELSE 'cancelled' END,
+           c.attempts + 1, c.last_error,
+           CASE WHEN c.cancelled_at IS NULL THEN u.result::jsonb END, c.created_at, :now
+    FROM completed AS c
+    JOIN unnest(:completed::bigint[], :results::text[]) AS u(token, result) USING (token)
     WHERE :retain::boolean
-), ended AS (SELECT id, awaited FROM completed), q AS (
-    SELECT u.name, u.free, coalesce(jq.limited, false) AS limited, u.capacity, u.until, jq,
-    jq.limited AND EXISTS (
-        SELECT FROM job WHERE job.queue = u.name AND job.ripe_at <= :now) AS ripe
-    FROM unnest(:queues::text[], :slots::int[], :capacity::int[],
-                        :until::timestamptz[]) AS u(name, free, capacity, until)
+), q AS (
+    -- 2. the queues to claim from: free slots, not paused; `ripe`: a queue with limits that
+    -- holds a ripe job (only those take a turn)
+    SELECT u.name, u.free, jq, coalesce(jq.limited, false) AS limited,
+           jq.limited AND EXISTS (
+               SELECT FROM job WHERE job.queue = u.name AND job.ripe_at <= :now) AS ripe
+    FROM unnest(:queues::text[], :slots::int[]) AS u(name, free)
     LEFT JOIN job_queue AS jq USING (name)
     WHERE u.free > 0 AND NOT coalesce(jq.paused, false)
 ), turns AS (
-    -- the limited queues' turns (job_claimable): per queue, its budget, or the jobs it chose
-    -- when a key's limit may bind
+    -- 3. the queues with limits: their turns, which claim their jobs themselves, in an order
+    -- the function states (job_claim_turns: lock, count, choose, move, write the starts)
     SELECT t.*
     FROM (SELECT array_agg(q.jq ORDER BY (q.jq).id) AS queues,
-                 array_agg(q.free ORDER BY (q.jq).id) AS free,
-                 array_agg(q.capacity ORDER BY (q.jq).id) AS capacity,
-                 array_agg(q.until ORDER BY (q.jq).id) AS until
+                 array_agg(q.free ORDER BY (q.jq).id) AS free
           FROM q WHERE q.ripe HAVING count(*) > 0) AS a
-    CROSS JOIN LATERAL job_claimable(a.queues, a.free, a.capacity, a.until, :now) AS t
+    CROSS JOIN LATERAL job_claim_turns(a.queues, a.free, :worker_id, :now, :lease_expires_at) AS t
 ), claimed AS (
+    -- 4. the queues without limits: the first ripe jobs of each queue's line, rows another
+    -- claim holds skipped. The line is read one priority at a time, highest first (a skip
+    -- scan: one index probe finds the next priority and its first job), so a claim reads the
+    -- ripe jobs it takes and never walks the jobs scheduled later. Each priority's scan starts
+    -- at the first job its probe saw, past the index entries of jobs already gone.
     DELETE FROM job
     WHERE id = ANY(ARRAY(
-        -- first (it may wait for the queues' turn): the jobs chosen in a turn
-        SELECT unnest(t.ids) FROM turns AS t
-        UNION ALL
-        SELECT j.id FROM (
-            -- how many jobs of its line each queue takes: its free slots, or its turn's budget
-            -- (none when the turn chose its jobs, or left no budget)
-            SELECT q.name, CASE WHEN q.limited THEN coalesce(t.budget, 0) ELSE q.free END AS n
-            FROM q LEFT JOIN turns AS t ON t.queue = q.name
-        ) AS l CROSS JOIN LATERAL (
-            -- the queue's line one priority at a time, highest first (a skip scan: one index
-            -- probe finds the next priority and its first job), so the claim reads the ripe
-            -- jobs it takes and never walks the jobs scheduled later: one range scan of (queue,
-            -- priority DESC, ripe_at) with `ripe_at <= :now` would read them all whenever fewer
-            -- jobs are ripe than free slots. Each priority's scan starts at the first job its
-            -- probe saw, past the index entries of jobs already gone (dead rows a long
-            -- transaction elsewhere keeps from vacuum): they are stepped over once, not twice.
+        SELECT j.id FROM q CROSS JOIN LATERAL (
             WITH RECURSIVE priorities AS (
-                (SELECT priority, ripe_at FROM job WHERE job.queue = l.name
+                (SELECT priority, ripe_at FROM job WHERE job.queue = q.name
                  ORDER BY priority DESC, ripe_at LIMIT 1)
                 UNION ALL
                 SELECT n.priority, n.ripe_at FROM priorities AS p CROSS JOIN LATERAL (
                     SELECT job.priority, job.ripe_at FROM job
-                    WHERE job.queue = l.name AND job.priority < p.priority
+                    WHERE job.queue = q.name AND job.priority < p.priority
                     ORDER BY job.priority DESC, job.ripe_at LIMIT 1) AS n
             )
             SELECT r.id FROM priorities AS p CROSS JOIN LATERAL (
                 SELECT id FROM job
-                WHERE job.queue = l.name AND job.priority = p.priority
+                WHERE job.queue = q.name AND job.priority = p.priority
                   AND ripe_at >= p.ripe_at AND ripe_at <= :now
                 ORDER BY ripe_at
-                LIMIT l.n
+                LIMIT q.free
                 FOR UPDATE SKIP LOCKED
             ) AS r
-            LIMIT l.n  -- in the order of the priorities, then of ripe_at
+            LIMIT q.free  -- in the order of the priorities, then of ripe_at
         ) AS j
+        WHERE NOT q.limited
     ))
-    RETURNING id, job_type, arguments, ripe_at, priority, attempts, max_retries, last_error, created_at, queue, concurrency_key, awaited, unique_mode, unique_key
+    RETURNING id, job_type, arguments, ripe_at, priority, attempts, max_retries, last_error,
+              created_at, queue, concurrency_key, awaited, unique_mode, unique_key
 ), running AS (
-    INSERT INTO job_running (id, job_type, arguments, ripe_at, priority, attempts, max_retries, last_error, created_at, queue, concurrency_key, awaited, unique_mode, unique_key, worker_id, claimed_at, lease_expires_at, token)
-    SELECT id, job_type, arguments, ripe_at, priority, attempts, max_retries, last_error, created_at, queue, concurrency_key, awaited, unique_mode, unique_key, :worker_id, coalesce((SELECT t.claimed_at FROM turns AS t WHERE t.queue = c.queue), :now), :lease_expires_at, nextval('job_fencing_token')
-    FROM claimed AS c  -- in the order of the claim (a join could reorder the jobs)
-    RETURNING token, id, job_type, arguments, attempts, max_retries, ripe_at, claimed_at, queue,
-              concurrency_key
-), started AS (
-    -- the start rows of the turns that took their line here (their keys folded in when
-    -- `keyed`), or their grants; a turn that chose its jobs wrote theirs (job_claimable)
-    INSERT INTO job_rate (queue, concurrency_key, at, seq, n, keys, until, reserved)
-    SELECT t.queue, '', t.claimed_at, t.seq + coalesce(t.granted, s.n),
-           coalesce(t.granted, s.n), CASE WHEN t.granted IS NULL THEN s.keys END, t.until,
-           t.reserved
-    FROM turns AS t CROSS JOIN LATERAL (
-        SELECT count(*) AS n, CASE WHEN t.keyed THEN array_agg(r.concurrency_key)
-                                   FILTER (WHERE r.concurrency_key IS NOT NULL) END AS keys
-        FROM running AS r WHERE r.queue = t.queue
-    ) AS s
-    WHERE t.budget IS NOT NULL AND (t.granted > 0 OR t.rated AND s.n > 0)
+    -- 5. into job_running, each with a new fencing token
+    INSERT INTO job_running (id, job_type, arguments, ripe_at, priority, attempts, max_retries,
+                             last_error, created_at, queue, concurrency_key, awaited,
+                             unique_mode, unique_key, worker_id, claimed_at, lease_expires_at,
+                             token)
+    SELECT c.*, :worker_id, :now, :lease_expires_at, nextval('job_fencing_token')
+    FROM claimed AS c
+    RETURNING token, id, job_type, arguments::text, attempts, max_retries, ripe_at, claimed_at,
+              queue, concurrency_key
+), taken AS (
+    SELECT r::job_claimed AS job FROM running AS r
+    UNION ALL
+    SELECT t::job_claimed FROM turns AS t
 ), unfilled AS (
+    -- the queues this claim left slots free in
     SELECT q.* FROM q
-    WHERE q.free > (SELECT count(*) FROM running AS r WHERE r.queue = q.name)
-      AND true
-), upcoming AS (
-    -- when a claim of the queues this one left slots free in may next find work (the worker's
-    -- timer), as `job_next_ripe_at` tells, with no second statement to ask it; the rate
-    -- windows only of limited queues (none here without `limits`)
-    SELECT least(
-    (SELECT min(n.ripe_at) FROM (SELECT name FROM unfilled) AS u CROSS JOIN LATERAL (
-         SELECT ripe_at FROM job WHERE job.queue = u.name AND ripe_at > :now
-         ORDER BY ripe_at LIMIT 1) AS n),
-    CASE WHEN EXISTS (SELECT name FROM unfilled WHERE ripe) THEN job_rate_opens_at(ARRAY(SELECT name FROM unfilled WHERE ripe), :now::timestamptz) END
-) AS ripe_at
+    WHERE q.free > (SELECT count(*) FROM taken WHERE (taken.job).queue = q.name)
 )
-SELECT * FROM running
-UNION ALL
-SELECT token, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM completed
-WHERE (SELECT count(pg_notify('jobq_done', id::text)) FROM ended WHERE awaited) >= 0
-UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, ripe_at, NULL, (SELECT string_agg(t.queue, ',') FROM turns AS t WHERE t.granted = 0), NULL FROM upcoming
-UNION ALL
--- the grants (id and token NULL): `attempts` its starts, `max_retries` its span (ms), `ripe_at`
--- its time in the rate windows, `claimed_at` its end (`until`, the server's clock)
-SELECT NULL, NULL, NULL, NULL, t.granted,
-       (extract(epoch FROM job_grant_span()) * 1000)::int, t.claimed_at, t.until, t.queue, NULL
-FROM turns AS t WHERE t.granted > 0;
-
--- name: job_claim_recording
--- The claim when some of the jobs that finished failed or were released.
-WITH
-completed AS (
-    DELETE FROM job_running WHERE token = ANY(:completed::bigint[])
-    RETURNING token, id, job_type, queue, arguments, attempts, last_error, created_at, awaited,
-              cancelled_at
-), succeeded AS (
-    INSERT INTO job_done (id, job_type, queue, arguments, state, attempts, last_error, result, created_at, finished_at)
-    SELECT s.id, s.job_type, s.queue, s.arguments, CASE WHEN s.cancelled_at IS NULL THEN 'succeeded' ELSE 'cancelled' END, s.attempts + 1, s.last_error, CASE WHEN s.cancelled_at IS NULL THEN s.result::jsonb END,
-           s.created_at, :now::timestamptz
-    FROM (SELECT c.*, u.result FROM completed AS c JOIN unnest(:completed::bigint[], :results::text[]) AS u(token, result) USING (token)) AS s
-    WHERE :retain::boolean
-), failed AS (
-    DELETE FROM job_running AS r
-    USING unnest(:failed::bigint[], :failed_ripe_ats::timestamptz[], :failed_errors::text[],
-                 :failed_charges::int[], :failed_tracebacks::text[])
-          AS u(token, ripe_at, error, charge, traceback)
-    WHERE r.token = u.token
-    RETURNING r.token, r.id, r.job_type, r.arguments, r.priority,
-              -- a release keeps the job's place in the queue; a retry waits its backoff, a
-              -- snooze its delay
-              coalesce(u.ripe_at, least(r.ripe_at, :now::timestamptz)) AS next_ripe_at,
-              r.attempts + u.charge AS next_attempts, r.max_retries,
-              coalesce(u.error, r.last_error) AS next_error, r.created_at, r.queue,
-              r.concurrency_key, r.attempts, r.awaited, r.cancelled_at, r.unique_mode,
-              r.unique_key, r.worker_id, u.charge, u.error AS attempt_error, u.traceback
-),
-live AS (
-    SELECT * FROM failed WHERE cancelled_at IS NULL
-), cancelled AS (
-    INSERT INTO job_done (id, job_type, queue, arguments, state, attempts, last_error, result, created_at, finished_at)
-    SELECT s.id, s.job_type, s.queue, s.arguments, 'cancelled', s.attempts + 1, s.next_error, NULL,
-           s.created_at, :now::timestamptz
-    FROM (SELECT * FROM failed WHERE cancelled_at IS NOT NULL) AS s
-    WHERE :retain::boolean
-),
-requeued AS (
-    INSERT INTO job (id, job_type, arguments, ripe_at, priority, attempts, max_retries, last_error, created_at, queue, concurrency_key, awaited, unique_mode, unique_key)
-    SELECT s.id, s.job_type, s.arguments, s.next_ripe_at, s.priority, s.next_attempts, s.max_retries,
-           s.next_error, s.created_at, s.queue, s.concurrency_key, s.awaited, s.unique_mode,
-           s.unique_key
-    FROM live AS s
-    ON CONFLICT (md5) DO NOTHING
-    RETURNING id
-), hastened AS (
-    UPDATE job SET ripe_at = least(job.ripe_at, s.next_ripe_at)
-    FROM live AS s
-    WHERE s.unique_mode = 'queued' AND job.md5 = md5(s.job_type || coalesce('#' || s.unique_key, s.arguments::text))
-      AND s.id NOT IN (SELECT id FROM requeued)
-    RETURNING job.id, s.id AS merged_id
-), merged AS (
-    INSERT INTO job_dead (id, job_type, arguments, priority, attempts, max_retries, last_error, created_at, died_at, queue, concurrency_key)
-    SELECT s.id, s.job_type, s.arguments, s.priority, s.next_attempts, s.max_retries,
-           coalesce('merged into queued duplicate job ' || h.id, 'merged into a queued duplicate'),
-           s.created_at, :now::timestamptz, s.queue, s.concurrency_key
-    FROM live AS s LEFT JOIN hastened AS h ON h.merged_id = s.id
-    WHERE s.id NOT IN (SELECT id FROM requeued)
-), buried AS (
-    DELETE FROM job_running AS r
-    USING unnest(:buried::bigint[], :buried_errors::text[], :buried_tracebacks::text[])
-          AS u(token, error, traceback)
-    WHERE r.token = u.token
-    RETURNING r.token, r.id, r.job_type, r.arguments, r.priority, r.attempts, r.max_retries,
-              u.error, r.created_at, r.queue, r.concurrency_key, r.awaited, r.cancelled_at,
-              r.worker_id, u.traceback
-), attempted AS (
-    INSERT INTO job_attempt (job_id, attempt, worker_id, error, traceback, failed_at)
-    SELECT id, attempts + 1, worker_id, error, traceback, :now::timestamptz FROM (
-        SELECT id, attempts, worker_id, attempt_error AS error, traceback FROM failed
-        WHERE charge > 0
-        UNION ALL SELECT id, attempts, worker_id, error, traceback FROM buried
-    ) AS a
-    WHERE :retain::boolean
-), dead AS (
-    INSERT INTO job_dead (id, job_type, arguments, priority, attempts, max_retries, last_error, created_at, died_at, queue, concurrency_key)
-    SELECT id, job_type, arguments, priority, attempts + 1, max_retries, error, created_at, :now,
-           queue, concurrency_key
-    FROM buried WHERE cancelled_at IS NULL
-), buried_cancelled AS (
-    INSERT INTO job_done (id, job_type, queue, arguments, state, attempts, last_error, result, created_at, finished_at)
-    SELECT s.id, s.job_type, s.queue, s.arguments, 'cancelled', s.attempts + 1, s.error, NULL,
-           s.created_at, :now::timestamptz
-    FROM (SELECT * FROM buried WHERE cancelled_at IS NOT NULL) AS s
-    WHERE :retain::boolean
-), recorded AS (
-    SELECT token FROM completed
-    UNION ALL SELECT token FROM failed
-    UNION ALL SELECT token FROM buried
-), ended AS (
-    SELECT id, awaited FROM completed
-    UNION ALL SELECT id, awaited FROM failed WHERE cancelled_at IS NOT NULL
-    UNION ALL SELECT id, awaited FROM buried
-), q AS (
-    SELECT u.name, u.free, coalesce(jq.limited, false) AS limited, u.capacity, u.until, jq,
-    jq.limited AND EXISTS (
-        SELECT FROM job WHERE job.queue = u.name AND job.ripe_at <= :now) AS ripe
-    FROM unnest(:queues::text[], :slots::int[], :capacity::int[],
-                        :until::timestamptz[]) AS u(name, free, capacity, until)
-    LEFT JOIN job_queue AS jq USING (name)
-    WHERE u.free > 0 AND NOT coalesce(jq.paused, false)
-), turns AS (
-    -- the limited queues' turns (job_claimable): per queue, its budget, or the jobs it chose
-    -- when a key's limit may bind
-    SELECT t.*
-    FROM (SELECT array_agg(q.jq ORDER BY (q.jq).id) AS queues,
-                 array_agg(q.free ORDER BY (q.jq).id) AS free,
-                 array_agg(q.capacity ORDER BY (q.jq).id) AS capacity,
-                 array_agg(q.until ORDER BY (q.jq).id) AS until
-          FROM q WHERE q.ripe HAVING count(*) > 0) AS a
-    CROSS JOIN LATERAL job_claimable(a.queues, a.free, a.capacity, a.until, :now) AS t
-), claimed AS (
-    DELETE FROM job
-    WHERE id = ANY(ARRAY(
-        -- first (it may wait for the queues' turn): the jobs chosen in a turn
-        SELECT unnest(t.ids) FROM turns AS t
-        UNION ALL
-        SELECT j.id FROM (
-            -- how many jobs of its line each queue takes: its free slots, or its turn's budget
-            -- (none when the turn chose its jobs, or left no budget)
-            SELECT q.name, CASE WHEN q.limited THEN coalesce(t.budget, 0) ELSE q.free END AS n
-            FROM q LEFT JOIN turns AS t ON t.queue = q.name
-        ) AS l CROSS JOIN LATERAL (
-            -- the queue's line one priority at a time, highest first (a skip scan: one index
-            -- probe finds the next priority and its first job), so the claim reads the ripe
-            -- jobs it takes and never walks the jobs scheduled later: one range scan of (queue,
-            -- priority DESC, ripe_at) with `ripe_at <= :now` would read them all whenever fewer
-            -- jobs are ripe than free slots. Each priority's scan starts at the first job its
-            -- probe saw, past the index entries of jobs already gone (dead rows a long
-            -- transaction elsewhere keeps from vacuum): they are stepped over once, not twice.
-            WITH RECURSIVE priorities AS (
-                (SELECT priority, ripe_at FROM job WHERE job.queue = l.name
-                 ORDER BY priority DESC, ripe_at LIMIT 1)
-                UNION ALL
-                SELECT n.priority, n.ripe_at FROM priorities AS p CROSS JOIN LATERAL (
-                    SELECT job.priority, job.ripe_at FROM job
-                    WHERE job.queue = l.name AND job.priority < p.priority
-                    ORDER BY job.priority DESC, job.ripe_at LIMIT 1) AS n
-            )
-            SELECT r.id FROM priorities AS p CROSS JOIN LATERAL (
-                SELECT id FROM job
-                WHERE job.queue = l.name AND job.priority = p.priority
-                  AND ripe_at >= p.ripe_at AND ripe_at <= :now
-                ORDER BY ripe_at
-                LIMIT l.n
-                FOR UPDATE SKIP LOCKED
-            ) AS r
-            LIMIT l.n  -- in the order of the priorities, then of ripe_at
-        ) AS j
-    ))
-    RETURNING id, job_type, arguments, ripe_at, priority, attempts, max_retries, last_error, created_at, queue, concurrency_key, awaited, unique_mode, unique_key
-), running AS (
-    INSERT INTO job_running (id, job_type, arguments, ripe_at, priority, attempts, max_retries, last_error, created_at, queue, concurrency_key, awaited, unique_mode, unique_key, worker_id, claimed_at, lease_expires_at, token)
-    SELECT id, job_type, arguments, ripe_at, priority, attempts, max_retries, last_error, created_at, queue, concurrency_key, awaited, unique_mode, unique_key, :worker_id, coalesce((SELECT t.claimed_at FROM turns AS t WHERE t.queue = c.queue), :now), :lease_expires_at, nextval('job_fencing_token')
-    FROM claimed AS c  -- in the order of the claim (a join could reorder the jobs)
-    RETURNING token, id, job_type, arguments, attempts, max_retries, ripe_at, claimed_at, queue,
-              concurrency_key
-), started AS (
-    -- the start rows of the turns that took their line here (their keys folded in when
-    -- `keyed`), or their grants; a turn that chose its jobs wrote theirs (job_claimable)
-    INSERT INTO job_rate (queue, concurrency_key, at, seq, n, keys, until, reserved)
-    SELECT t.queue, '', t.claimed_at, t.seq + coalesce(t.granted, s.n),
-           coalesce(t.granted, s.n), CASE WHEN t.granted IS NULL THEN s.keys END, t.until,
-           t.reserved
-    FROM turns AS t CROSS JOIN LATERAL (
-        SELECT count(*) AS n, CASE WHEN t.keyed THEN array_agg(r.concurrency_key)
-                                   FILTER (WHERE r.concurrency_key IS NOT NULL) END AS keys
-        FROM running AS r WHERE r.queue = t.queue
-    ) AS s
-    WHERE t.budget IS NOT NULL AND (t.granted > 0 OR t.rated AND s.n > 0)
-), unfilled AS (
-    SELECT q.* FROM q
-    WHERE q.free > (SELECT count(*) FROM running AS r WHERE r.queue = q.name)
-      AND true
-), upcoming AS (
-    -- when a claim of the queues this one left slots free in may next find work (the worker's
-    -- timer), as `job_next_ripe_at` tells, with no second statement to ask it; the rate
-    -- windows only of limited queues (none here without `limits`)
-    SELECT least(
-    (SELECT min(n.ripe_at) FROM (SELECT name FROM unfilled) AS u CROSS JOIN LATERAL (
-         SELECT ripe_at FROM job WHERE job.queue = u.name AND ripe_at > :now
-         ORDER BY ripe_at LIMIT 1) AS n),
-    CASE WHEN EXISTS (SELECT name FROM unfilled WHERE ripe) THEN job_rate_opens_at(ARRAY(SELECT name FROM unfilled WHERE ripe), :now::timestamptz) END
-) AS ripe_at
-)
-SELECT * FROM running
-UNION ALL
-SELECT token, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM recorded
-WHERE (SELECT count(pg_notify('jobq_done', id::text)) FROM ended WHERE awaited) >= 0
-UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, ripe_at, NULL, (SELECT string_agg(t.queue, ',') FROM turns AS t WHERE t.granted = 0), NULL FROM upcoming
-UNION ALL
--- the grants (id and token NULL): `attempts` its starts, `max_retries` its span (ms), `ripe_at`
--- its time in the rate windows, `claimed_at` its end (`until`, the server's clock)
-SELECT NULL, NULL, NULL, NULL, t.granted,
-       (extract(epoch FROM job_grant_span()) * 1000)::int, t.claimed_at, t.until, t.queue, NULL
-FROM turns AS t WHERE t.granted > 0;
-
--- name: job_claim_unlimited
--- The same two, for a worker that serves no queue with limits.
-WITH completed AS (
-    DELETE FROM job_running WHERE token = ANY(:completed::bigint[])
-    RETURNING token, id, job_type, queue, arguments, attempts, last_error, created_at, awaited,
-              cancelled_at
-), succeeded AS (
-    INSERT INTO job_done (id, job_type, queue, arguments, state, attempts, last_error, result, created_at, finished_at)
-    SELECT s.id, s.job_type, s.queue, s.arguments, CASE WHEN s.cancelled_at IS NULL THEN 'succeeded' ELSE 'cancelled' END, s.attempts + 1, s.last_error, CASE WHEN s.cancelled_at IS NULL THEN s.result::jsonb END,
-           s.created_at, :now::timestamptz
-    FROM (SELECT c.*, u.result FROM completed AS c JOIN unnest(:completed::bigint[], :results::text[]) AS u(token, result) USING (token)) AS s
-    WHERE :retain::boolean
-), ended AS (SELECT id, awaited FROM completed), q AS (
-    SELECT u.name, u.free, coalesce(jq.limited, false)
-        AND NOT (u.until IS NOT NULL AND job_grant_holds(jq.id, u.until)) AS limited
-    FROM unnest(:queues::text[], :slots::int[], :until::timestamptz[])
-        AS u(name, free, until)
-    LEFT JOIN job_queue AS jq USING (name)
-    WHERE u.free > 0 AND NOT coalesce(jq.paused, false)
-), claimed AS (
-    DELETE FROM job
-    WHERE id = ANY(ARRAY(
-        SELECT j.id FROM (
-            SELECT q.name, q.free AS n FROM q WHERE NOT q.limited  -- (skipped: named below)
-        ) AS l CROSS JOIN LATERAL (
-            -- the queue's line one priority at a time, highest first (a skip scan: one index
-            -- probe finds the next priority and its first job), so the claim reads the ripe
-            -- jobs it takes and never walks the jobs scheduled later: one range scan of (queue,
-            -- priority DESC, ripe_at) with `ripe_at <= :now` would read them all whenever fewer
-            -- jobs are ripe than free slots. Each priority's scan starts at the first job its
-            -- probe saw, past the index entries of jobs already gone (dead rows a long
-            -- transaction elsewhere keeps from vacuum): they are stepped over once, not twice.
-            WITH RECURSIVE priorities AS (
-                (SELECT priority, ripe_at FROM job WHERE job.queue = l.name
-                 ORDER BY priority DESC, ripe_at LIMIT 1)
-                UNION ALL
-                SELECT n.priority, n.ripe_at FROM priorities AS p CROSS JOIN LATERAL (
-                    SELECT job.priority, job.ripe_at FROM job
-                    WHERE job.queue = l.name AND job.priority < p.priority
-                    ORDER BY job.priority DESC, job.ripe_at LIMIT 1) AS n
-            )
-            SELECT r.id FROM priorities AS p CROSS JOIN LATERAL (
-                SELECT id FROM job
-                WHERE job.queue = l.name AND job.priority = p.priority
-                  AND ripe_at >= p.ripe_at AND ripe_at <= :now
-                ORDER BY ripe_at
-                LIMIT l.n
-                FOR UPDATE SKIP LOCKED
-            ) AS r
-            LIMIT l.n  -- in the order of the priorities, then of ripe_at
-        ) AS j
-    ))
-    RETURNING id, job_type, arguments, ripe_at, priority, attempts, max_retries, last_error, created_at, queue, concurrency_key, awaited, unique_mode, unique_key
-), running AS (
-    INSERT INTO job_running (id, job_type, arguments, ripe_at, priority, attempts, max_retries, last_error, created_at, queue, concurrency_key, awaited, unique_mode, unique_key, worker_id, claimed_at, lease_expires_at, token)
-    SELECT id, job_type, arguments, ripe_at, priority, attempts, max_retries, last_error, created_at, queue, concurrency_key, awaited, unique_mode, unique_key, :worker_id, :now, :lease_expires_at, nextval('job_fencing_token')
-    FROM claimed AS c  -- in the order of the claim (a join could reorder the jobs)
-    RETURNING token, id, job_type, arguments, attempts, max_retries, ripe_at, claimed_at, queue,
-              concurrency_key
-), unfilled AS (
-    SELECT q.* FROM q
-    WHERE q.free > (SELECT count(*) FROM running AS r WHERE r.queue = q.name)
-      AND NOT q.limited
-), upcoming AS (
-    -- when a claim of the queues this one left slots free in may next find work (the worker's
-    -- timer), as `job_next_ripe_at` tells, with no second statement to ask it; the rate
-    -- windows only of limited queues (none here without `limits`)
-    SELECT (SELECT min(n.ripe_at) FROM (SELECT name FROM unfilled) AS u CROSS JOIN LATERAL (
-         SELECT ripe_at FROM job WHERE job.queue = u.name AND ripe_at > :now
-         ORDER BY ripe_at LIMIT 1) AS n) AS ripe_at
-)
-SELECT * FROM running
-UNION ALL
-SELECT token, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM completed
-WHERE (SELECT count(pg_notify('jobq_done', id::text)) FROM ended WHERE awaited) >= 0
-UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, ripe_at, NULL, (SELECT string_agg(q.name, ',') FROM q WHERE q.limited), NULL FROM upcoming;
-
--- name: job_claim_unlimited_recording
-WITH
-completed AS (
-    DELETE FROM job_running WHERE token = ANY(:completed::bigint[])
-    RETURNING token, id, job_type, queue, arguments, attempts, last_error, created_at, awaited,
-              cancelled_at
-), succeeded AS (
-    INSERT INTO job_done (id, job_type, queue, arguments, state, attempts, last_error, result, created_at, finished_at)
-    SELECT s.id, s.job_type, s.queue, s.arguments, CASE WHEN s.cancelled_at IS NULL THEN 'succeeded' ELSE 'cancelled' END, s.attempts + 1, s.last_error, CASE WHEN s.cancelled_at IS NULL THEN s.result::jsonb END,
-           s.created_at, :now::timestamptz
-    FROM (SELECT c.*, u.result FROM completed AS c JOIN unnest(:completed::bigint[], :results::text[]) AS u(token, result) USING (token)) AS s
-    WHERE :retain::boolean
-), failed AS (
-    DELETE FROM job_running AS r
-    USING unnest(:failed::bigint[], :failed_ripe_ats::timestamptz[], :failed_errors::text[],
-                 :failed_charges::int[], :failed_tracebacks::text[])
-          AS u(token, ripe_at, error, charge, traceback)
-    WHERE r.token = u.token
-    RETURNING r.token, r.id, r.job_type, r.arguments, r.priority,
-              -- a release keeps the job's place in the queue; a retry waits its backoff, a
-              -- snooze its delay
-              coalesce(u.ripe_at, least(r.ripe_at, :now::timestamptz)) AS next_ripe_at,
-              r.attempts + u.charge AS next_attempts, r.max_retries,
-              coalesce(u.error, r.last_error) AS next_error, r.created_at, r.queue,
-              r.concurrency_key, r.attempts, r.awaited, r.cancelled_at, r.unique_mode,
-              r.unique_key, r.worker_id, u.charge, u.error AS attempt_error, u.traceback
-),
-live AS (
-    SELECT * FROM failed WHERE cancelled_at IS NULL
-), cancelled AS (
-    INSERT INTO job_done (id, job_type, queue, arguments, state, attempts, last_error, result, created_at, finished_at)
-    SELECT s.id, s.job_type, s.queue, s.arguments, 'cancelled', s.attempts + 1, s.next_error, NULL,
-           s.created_at, :now::timestamptz
-    FROM (SELECT * FROM failed WHERE cancelled_at IS NOT NULL) AS s
-    WHERE :retain::boolean
-),
-requeued AS (
-    INSERT INTO job (id, job_type, arguments, ripe_at, priority, attempts, max_retries, last_error, created_at, queue, concurrency_key, awaited, unique_mode, unique_key)
-    SELECT s.id, s.job_type, s.arguments, s.next_ripe_at, s.priority, s.next_attempts, s.max_retries,
-           s.next_error, s.created_at, s.queue, s.concurrency_key, s.awaited, s.unique_mode,
-           s.unique_key
-    FROM live AS s
-    ON CONFLICT (md5) DO NOTHING
-    RETURNING id
-), hastened AS (
-    UPDATE job SET ripe_at = least(job.ripe_at, s.next_ripe_at)
-    FROM live AS s
-    WHERE s.unique_mode = 'queued' AND job.md5 = md5(s.job_type || coalesce('#' || s.unique_key, s.arguments::text))
-      AND s.id NOT IN (SELECT id FROM requeued)
-    RETURNING job.id, s.id AS merged_id
-), merged AS (
-    INSERT INTO job_dead (id, job_type, arguments, priority, attempts, max_retries, last_error, created_at, died_at, queue, concurrency_key)
-    SELECT s.id, s.job_type, s.arguments, s.priority, s.next_attempts, s.max_retries,
-           coalesce('merged into queued duplicate job ' || h.id, 'merged into a queued duplicate'),
-           s.created_at, :now::timestamptz, s.queue, s.concurrency_key
-    FROM live AS s LEFT JOIN hastened AS h ON h.merged_id = s.id
-    WHERE s.id NOT IN (SELECT id FROM requeued)
-), buried AS (
-    DELETE FROM job_running AS r
-    USING unnest(:buried::bigint[], :buried_errors::text[], :buried_tracebacks::text[])
-          AS u(token, error, traceback)
-    WHERE r.token = u.token
-    RETURNING r.token, r.id, r.job_type, r.arguments, r.priority, r.attempts, r.max_retries,
-              u.error, r.created_at, r.queue, r.concurrency_key, r.awaited, r.cancelled_at,
-              r.worker_id, u.traceback
-), attempted AS (
-    INSERT INTO job_attempt (job_id, attempt, worker_id, error, traceback, failed_at)
-    SELECT id, attempts + 1, worker_id, error, traceback, :now::timestamptz FROM (
-        SELECT id, attempts, worker_id, attempt_error AS error, traceback FROM failed
-        WHERE charge > 0
-        UNION ALL SELECT id, attempts, worker_id, error, traceback FROM buried
-    ) AS a
-    WHERE :retain::boolean
-), dead AS (
-    INSERT INTO job_dead (id, job_type, arguments, priority, attempts, max_retries, last_error, created_at, died_at, queue, concurrency_key)
-    SELECT id, job_type, arguments, priority, attempts + 1, max_retries, error, created_at, :now,
-           queue, concurrency_key
-    FROM buried WHERE cancelled_at IS NULL
-), buried_cancelled AS (
-    INSERT INTO job_done (id, job_type, queue, arguments, state, attempts, last_error, result, created_at, finished_at)
-    SELECT s.id, s.job_type, s.queue, s.arguments, 'cancelled', s.attempts + 1, s.error, NULL,
-           s.created_at, :now::timestamptz
-    FROM (SELECT * FROM buried WHERE cancelled_at IS NOT NULL) AS s
-    WHERE :retain::boolean
-), recorded AS (
-    SELECT token FROM completed
-    UNION ALL SELECT token FROM failed
-    UNION ALL SELECT token FROM buried
-), ended AS (
-    SELECT id, awaited FROM completed
-    UNION ALL SELECT id, awaited FROM failed WHERE cancelled_at IS NOT NULL
-    UNION ALL SELECT id, awaited FROM buried
-), q AS (
-    SELECT u.name, u.free, coalesce(jq.limited, false)
-        AND NOT (u.until IS NOT NULL AND job_grant_holds(jq.id, u.until)) AS limited
-    FROM unnest(:queues::text[], :slots::int[], :until::timestamptz[])
-        AS u(name, free, until)
-    LEFT JOIN job_queue AS jq USING (name)
-    WHERE u.free > 0 AND NOT coalesce(jq.paused, false)
-), claimed AS (
-    DELETE FROM job
-    WHERE id = ANY(ARRAY(
-        SELECT j.id FROM (
-            SELECT q.name, q.free AS n FROM q WHERE NOT q.limited  -- (skipped: named below)
-        ) AS l CROSS JOIN LATERAL (
-            -- the queue's line one priority at a time, highest first (a skip scan: one index
-            -- probe finds the next priority and its first job), so the claim reads the ripe
-            -- jobs it takes and never walks the jobs scheduled later: one range scan of (queue,
-            -- priority DESC, ripe_at) with `ripe_at <= :now` would read them all whenever fewer
-            -- jobs are ripe than free slots. Each priority's scan starts at the first job its
-            -- probe saw, past the index entries of jobs already gone (dead rows a long
-            -- transaction elsewhere keeps from vacuum): they are stepped over once, not twice.
-            WITH RECURSIVE priorities AS (
-                (SELECT priority, ripe_at FROM job WHERE job.queue = l.name
-                 ORDER BY priority DESC, ripe_at LIMIT 1)
-                UNION ALL
-                SELECT n.priority, n.ripe_at FROM priorities AS p CROSS JOIN LATERAL (
-                    SELECT job.priority, job.ripe_at FROM job
-                    WHERE job.queue = l.name AND job.priority < p.priority
-                    ORDER BY job.priority DESC, job.ripe_at LIMIT 1) AS n
-            )
-            SELECT r.id FROM priorities AS p CROSS JOIN LATERAL (
-                SELECT id FROM job
-                WHERE job.queue = l.name AND job.priority = p.priority
-                  AND ripe_at >= p.ripe_at AND ripe_at <= :now
-                ORDER BY ripe_at
-                LIMIT l.n
-                FOR UPDATE SKIP LOCKED
-            ) AS r
-            LIMIT l.n  -- in the order of the priorities, then of ripe_at
-        ) AS j
-    ))
-    RETURNING id, job_type, arguments, ripe_at, priority, attempts, max_retries, last_error, created_at, queue, concurrency_key, awaited, unique_mode, unique_key
-), running AS (
-    INSERT INTO job_running (id, job_type, arguments, ripe_at, priority, attempts, max_retries, last_error, created_at, queue, concurrency_key, awaited, unique_mode, unique_key, worker_id, claimed_at, lease_expires_at, token)
-    SELECT id, job_type, arguments, ripe_at, priority, attempts, max_retries, last_error, created_at, queue, concurrency_key, awaited, unique_mode, unique_key, :worker_id, :now, :lease_expires_at, nextval('job_fencing_token')
-    FROM claimed AS c  -- in the order of the claim (a join could reorder the jobs)
-    RETURNING token, id, job_type, arguments, attempts, max_retries, ripe_at, claimed_at, queue,
-              concurrency_key
-), unfilled AS (
-    SELECT q.* FROM q
-    WHERE q.free > (SELECT count(*) FROM running AS r WHERE r.queue = q.name)
-      AND NOT q.limited
-), upcoming AS (
-    -- when a claim of the queues this one left slots free in may next find work (the worker's
-    -- timer), as `job_next_ripe_at` tells, with no second statement to ask it; the rate
-    -- windows only of limited queues (none here without `limits`)
-    SELECT (SELECT min(n.ripe_at) FROM (SELECT name FROM unfilled) AS u CROSS JOIN LATERAL (
-         SELECT ripe_at FROM job WHERE job.queue = u.name AND ripe_at > :now
-         ORDER BY ripe_at LIMIT 1) AS n) AS ripe_at
-)
-SELECT * FROM running
-UNION ALL
-SELECT token, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM recorded
-WHERE (SELECT count(pg_notify('jobq_done', id::text)) FROM ended WHERE awaited) >= 0
-UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, ripe_at, NULL, (SELECT string_agg(q.name, ',') FROM q WHERE q.limited), NULL FROM upcoming;
+-- 6. one row; the awaited jobs that ended are announced (`jobq_done`, sent at the commit)
+SELECT ARRAY(SELECT job FROM taken) AS jobs,
+       ARRAY(SELECT token FROM completed) AS recorded,
+       least(
+           (SELECT min(n.ripe_at) FROM unfilled AS u CROSS JOIN LATERAL (
+                SELECT ripe_at FROM job WHERE job.queue = u.name AND ripe_at > :now
+                ORDER BY ripe_at LIMIT 1) AS n),
+           CASE WHEN EXISTS (SELECT FROM unfilled WHERE ripe)
+                THEN job_rate_opens_at(ARRAY(SELECT name FROM unfilled WHERE ripe), :now) END
+       ) AS next_ripe_at
+WHERE (SELECT count(pg_notify('jobq_done', id::text)) FROM completed WHERE awaited) >= 0;
 
 -- name: job_next_ripe_at
--- When the next claim of these queues may find work: the earliest ripe_at after now, or the moment
--- a full rate window (`job_rate`) lets one more job start.
+-- When the next claim of :queues may find work after :now: the earliest ripe_at after it of
+-- their jobs (one probe of job_ripe_at_idx each), or the moment a full rate window
+-- (`job_rate`) of theirs lets one more job start, whichever comes first (NULL: neither).
 SELECT least(
-    (SELECT min(n.ripe_at) FROM (SELECT unnest(:queues::text[]) AS name) AS u CROSS JOIN LATERAL (
+    (SELECT min(n.ripe_at) FROM unnest(:queues::text[]) AS u(name) CROSS JOIN LATERAL (
          SELECT ripe_at FROM job WHERE job.queue = u.name AND ripe_at > :now
          ORDER BY ripe_at LIMIT 1) AS n),
-    CASE WHEN EXISTS (SELECT unnest(:queues::text[])) THEN job_rate_opens_at(ARRAY(SELECT unnest(:queues::text[])), :now::timestamptz) END
+    job_rate_opens_at(:queues::text[], :now::timestamptz)
 );

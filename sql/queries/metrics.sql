@@ -19,15 +19,21 @@ SET buckets = CASE WHEN h.bounds = EXCLUDED.bounds
     sum = CASE WHEN h.bounds = EXCLUDED.bounds THEN h.sum + EXCLUDED.sum ELSE EXCLUDED.sum END,
     bounds = EXCLUDED.bounds;
 
--- name: job_depth_elect
--- Whether this transaction takes the depth snapshot: it holds the metrics lock, and the last
+-- name: job_depth_lock
+-- The first step of the depth snapshot's election: whether this transaction takes the metrics
+-- lock (held until it ends). Another transaction holding it is taking a snapshot.
+SELECT pg_try_advisory_xact_lock(1785684593, -12);
+
+-- name: job_depth_stale
+-- The second step, a statement of its own once the metrics lock is held: whether the last
 -- snapshot is older than :fresh_for before :now and than 20 times the time it took (a count that
--- takes long, over a big queue, costs at most 5% of a core).
-SELECT pg_try_advisory_xact_lock(1785684593, -12)
-       AND NOT EXISTS (
-           SELECT FROM job_depth
-           WHERE taken_at > :now::timestamptz
-                            - greatest(:fresh_for::interval, took_s * interval '20 s'));
+-- takes long, over a big queue, costs at most 5% of a core). A statement reads the rows committed
+-- when it begins (READ COMMITTED), and a transaction's commit is visible before its lock is
+-- released: so this one sees every snapshot taken under the lock before this transaction held
+-- it. The lock's own statement may have begun earlier, before the last snapshot committed.
+SELECT NOT EXISTS (
+    SELECT FROM job_depth
+    WHERE taken_at > :now::timestamptz - greatest(:fresh_for::interval, took_s * interval '20 s'));
 
 -- name: job_depth_took!
 -- The time the snapshot taken at :now took.

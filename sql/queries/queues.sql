@@ -37,7 +37,7 @@ ORDER BY q.name;
 -- name: job_rate_prune!
 -- Forget the starts older than their window's period, and a minute more: a claim that read its
 -- clock up to a minute before this one's still finds the starts it counts. A queue's '' rows (all
--- its starts) bound its keys' starts too (job_claimable): they stay for the longer period.
+-- its starts) bound its keys' starts too (job_claim_turns): they stay for the longer period.
 DELETE FROM job_rate AS r USING job_queue AS jq
 WHERE jq.name = r.queue
   AND r.at <= :now::timestamptz - interval '1 minute' - coalesce(CASE

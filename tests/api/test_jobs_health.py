@@ -16,7 +16,8 @@ from jobq import clock, db
 from jobq.app import create_app
 from jobq.db import Connection, Database
 from jobq.errors import DontRetry
-from jobq.queue import Job, JobContext, Registry, Worker, enqueue, metrics, store
+from jobq.queue import Job, JobContext, Registry, Worker, enqueue, store
+from jobq.queue.leader.depth import take_depth_snapshot
 from tests.api.conftest import DatabaseProxy
 from tests.api.helpers import assert_error, create_reminder, create_user
 from tests.conftest import make_settings
@@ -97,9 +98,7 @@ async def test_past_the_live_count_job_stats_reads_the_depth_snapshot(
     body = await (await client.get("/jobs/stats")).get_json()
     assert (body["totals"]["ripe"], body["queued_counted_at"]) == (3, None)  # no snapshot yet
     at = clock.now()
-    await metrics.take_depth_snapshot(
-        database, now=at, interval=timedelta(0), retention=timedelta(days=7)
-    )
+    await take_depth_snapshot(database, now=at, interval=timedelta(0), retention=timedelta(days=7))
     await enqueue(Job(job_type="alpha", arguments={"n": 9}).runs_in(hours=1))
     await enqueue(Job(job_type="beta", arguments={"n": 1}))
     body = await (await client.get("/jobs/stats")).get_json()

@@ -515,9 +515,9 @@ async def test_an_endless_answer_is_not_read_past_the_bound(
 SQL_WORDS = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|CREATE|DROP|ALTER|TRUNCATE|WHERE)\b")
 QUERY_METHODS = {"execute", "executemany", "fetch", "fetchrow", "fetchval", "prepare", "cursor"}
 ALLOWED_BUILT_SQL = {
-    ("jobq/queue/maintenance.py", "prune_finished"): "DDL takes no parameter; the partition's "
+    ("jobq/queue/leader/prune.py", "prune_finished"): "DDL takes no parameter; the partition's "
     "name is `job_done_p` and a date's %Y%m%d, read back from the catalog",
-    ("jobq/queue/maintenance.py", "_create_partition"): "DDL takes no parameter; the name and "
+    ("jobq/queue/leader/prune.py", "_create_partition"): "DDL takes no parameter; the name and "
     "bounds are formatted from a `date`",
     ("jobq/embedded.py", "ensure_database"): "CREATE DATABASE takes no parameter; the name is "
     "checked against [a-z_][a-z0-9_]* first",

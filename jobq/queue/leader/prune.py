@@ -1,17 +1,9 @@
-"""Background services: the one shape every periodic task of the engine takes.
-
-A `Service` has a `name`, an `interval` and `run_once()`, which does one round and returns what
-it did (a count); `run(stop)` repeats it every `interval` until `stop` is set, logging (never
-raising) a round's failure. Tests call `run_once()` and never sleep. The worker runs its
-heartbeat (`jobq.queue.worker`) and the rescuer below; pruning and schedules join them here.
-(River's `internal/maintenance/` has the same shape.)
-"""
+"""Retention of finished jobs: day partitions made ahead and dropped when they expire, the rest
+pruned by rows in batches (`prune_finished`, the leader's `pruner`)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from datetime import UTC, date, datetime, time, timedelta
 
 import asyncpg
@@ -19,68 +11,10 @@ import asyncpg
 from jobq import clock
 from jobq.config import Settings
 from jobq.db import Connection, Database
-from jobq.queue import sql, store
+from jobq.queue import sql
+from jobq.queue.service import Service
 
 log = logging.getLogger("jobq.worker")
-
-
-class Service:
-    """A periodic task: `run_once()` every `interval`, until `run`'s `stop` is set."""
-
-    def __init__(self, name: str, interval: timedelta, once: Callable[[], Awaitable[int]]):
-        self.name = name
-        self.interval = interval
-        self.run_once = once
-        self.when: asyncio.Event | None = None
-        """When given, `run` runs rounds only while this event is set (its worker leads the
-        upkeep), and sleeps until it is: the rest of a fleet's workers run no timer for it."""
-
-    async def run(self, stop: asyncio.Event) -> None:
-        """Call `run_once()` now and every `interval` until `stop` is set (while `when` is not
-        set, waiting for it); a failed round is logged and the next one comes as usual."""
-        while not stop.is_set():
-            if self.when is not None and not self.when.is_set():
-                await _either(stop, self.when)
-                continue
-            try:
-                await self.run_once()
-            except Exception as exc:
-                log.warning("%s failed (%s: %s)", self.name, type(exc).__name__, exc)
-            try:
-                async with asyncio.timeout(self.interval.total_seconds()):
-                    await stop.wait()
-            except TimeoutError:
-                pass
-
-
-async def _either(*events: asyncio.Event) -> None:
-    """Wait until one of `events` is set."""
-    waits = [asyncio.ensure_future(event.wait()) for event in events]
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for wait in waits:
-            wait.cancel()
-
-
-def rescuer(database: Database, settings: Settings) -> Service:
-    """The rescue, every `settings.rescue_interval`: return the jobs of dead or hung workers
-    (any worker's) to the queue, wake the workers when there were some, and forget the rate
-    windows that have closed. Its round returns how many jobs were rescued."""
-
-    async def rescue() -> int:
-        async with database.pool.acquire() as conn:
-            now = clock.now()
-            count = await store.rescue(
-                conn, now=now, heartbeat_grace=settings.heartbeat_grace, retain=settings.retain
-            )
-            await store.prune_rates(conn, now=now)
-        if count:
-            log.warning("rescued %d jobs of dead or hung workers", count)
-            store.wake_workers(database)
-        return count
-
-    return Service("rescue", settings.rescue_interval, rescue)
 
 
 PARTITIONS_AHEAD = 2

@@ -1,12 +1,10 @@
--- job_rate_opens_at (sql/013_limits_cheaper.sql), the moment a full rate window of a queue
--- lets one more job start, in PL/pgSQL: the same query, with its plan kept for the session.
--- As a SQL function it was planned at each call (a SQL function that is not inlined keeps its
--- plan for one call only), and a claim calls it whenever a queue with a rate has ripe jobs
--- that the claim left (a rate holds them back), for the worker's timer. `python -m bench
--- rate_held_claim --runs 3` (a queue whose rate of one start a minute holds back 999 ripe jobs;
--- the embedded PostgreSQL 16, 2026-11-26, alternated twice): a claim's p50 1.05-1.36 ms
--- before, 0.33-0.63 after. Held back by a per-key rate over 50 keys (a throwaway probe), about
--- the same both ways (2.1-3.4 ms): that one walks the keys. Its settings are the claim's
+-- When a full rate window of the queues p_queues next lets one more job start after p_now (NULL
+-- when none is full): when the first of its starts within the period leaves it. A key's starts
+-- are its own rows and its elements in the folded rows.
+--
+-- PL/pgSQL, so that its plan is kept for the session (a SQL function that is not inlined keeps
+-- its plan for one call only): a claim calls it whenever a queue with a rate has ripe jobs that
+-- the claim left (a rate holds them back), for the worker's timer. Its settings are the claim's
 -- (jobq.queue.worker.CLAIM_SESSION), whatever the calling session's: a generic plan made while
 -- job_rate is small must still probe its indexes.
 CREATE OR REPLACE FUNCTION job_rate_opens_at(p_queues text[], p_now timestamptz)
