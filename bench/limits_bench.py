@@ -15,7 +15,7 @@ What is timed, exactly:
   `pickup_latency` (the handler's first wall-clock reading minus the producer's after COMMIT).
 - `limits_claim_cpu`: no worker. 20,000 `bench_noop` jobs over 50 keys on each of `bench_free`
   and `bench_limited`; one connection with the worker's claim session
-  (`jobq.queue.worker.CLAIM_SESSION`) runs the worker's cycle on each queue in turn,
+  (`jobq.queue.listener.CLAIM_SESSION`) runs the worker's cycle on each queue in turn,
   alternating: record the 16 outcomes of the queue's last claim and claim 16
   (`store.record_and_claim`, one statement, its own transaction), until all are drained: for
   `bench_limited` a turn at every claim. `*_cpu_ms`: the mean CPU time of the server's backend
@@ -55,9 +55,9 @@ from bench.loadgen import percentile
 from jobq import clock, db
 from jobq.db import Connection
 from jobq.queue import Job, enqueue, enqueue_many, sql, store
+from jobq.queue.listener import CLAIM_SESSION
 from jobq.queue.model import Outcome, Verdict
 from jobq.queue.registry import registry
-from jobq.queue.worker import CLAIM_SESSION
 from tests.toolkit.procs import Proc, check_running, registered
 
 OVERHEAD_JOBS = 20_000

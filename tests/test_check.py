@@ -18,7 +18,7 @@ from jobq import clock
 from jobq.check import CheckReport, check
 from jobq.db import Connection, Database
 from jobq.errors import DontRetry
-from jobq.queue import Job, JobContext, Registry, Worker, enqueue, store
+from jobq.queue import Job, JobContext, Registry, Worker, enqueue, metrics
 from jobq.queue.leader.depth import take_depth_snapshot
 from tests.toolkit.procs import jobq_check
 
@@ -164,7 +164,7 @@ async def test_past_the_live_count_the_queued_jobs_are_the_depth_snapshots(
     """A queue of ten million jobs would take seconds to count: past `LIVE_COUNT_MAX` queued
     jobs the check reports the last depth snapshot's counts and its time (with none yet, it
     counts); the invariants are still checked whole."""
-    monkeypatch.setattr(store, "LIVE_COUNT_MAX", 2)
+    monkeypatch.setattr(metrics, "LIVE_COUNT_MAX", 2)
     for n in range(3):
         await enqueue(Job(job_type="check.many", arguments={"n": n}))
     counted = await run_check(conn)  # no snapshot yet

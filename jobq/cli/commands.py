@@ -20,7 +20,7 @@ from jobq.cli.tables import cell, table, to_json, utc
 from jobq.config import Settings
 from jobq.db import Database
 from jobq.errors import Conflict, NotFound
-from jobq.queue import dead, sql, store
+from jobq.queue import dead, metrics, sql, store
 from jobq.queue.control import JobState, cancel, find, list_jobs
 from jobq.queue.leader.prune import BY_DAY, prune_finished
 from jobq.queue.model import Job
@@ -208,7 +208,7 @@ async def dead_retry(args: argparse.Namespace, settings: Settings) -> int:
         return await retry_one(args, any_job=False)
     database = db.current_database()
     async with database.pool.acquire() as conn:
-        rows, _ = await store.stats(conn, now=clock.now())
+        rows, _ = await metrics.stats(conn, now=clock.now())
         total = sum(r["dead"] for r in rows)
     retried, gone = 0, 0
     twins: list[int] = []
@@ -359,8 +359,8 @@ async def stats(args: argparse.Namespace, settings: Settings) -> int:
     """Counts per job type and the vacuum figures, as `GET /jobs/stats` gives them."""
     async with db.transaction(readonly=True) as conn:
         now = clock.now()
-        rows, counted_at = await store.stats(conn, now=now)
-        vacuum = await store.vacuum_stats(conn, now=now)
+        rows, counted_at = await metrics.stats(conn, now=now)
+        vacuum = await metrics.vacuum_stats(conn, now=now)
     counts = ("ripe", "scheduled", "running", "dead")
     totals = {"job_type": "*", **{c: sum(r[c] for r in rows) for c in counts}}
     oldest = vacuum["oldest_transaction_s"]

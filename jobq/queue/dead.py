@@ -11,7 +11,7 @@ from typing import Any
 
 from jobq.db import Connection
 from jobq.errors import Conflict, NotFound
-from jobq.queue import sql, store
+from jobq.queue import sql, wakeup
 
 MAX_TRIES = 3
 
@@ -34,7 +34,7 @@ async def retry(conn: Connection, job_id: int, *, now: datetime) -> dict[str, An
     for _ in range(MAX_TRIES):
         row = await sql.job_dead_retry.fetchrow(conn, job_id=job_id, now=now)
         if row is not None:
-            store.wake_workers_after_commit()
+            wakeup.wake_workers_after_commit()
             return dict(row)
         twin = await sql.job_dead_twin.fetchrow(conn, job_id=job_id)
         if twin is None:

@@ -16,7 +16,7 @@ datagram are checked, `SO_PASSCRED`):
 - follower to hub: `i <queues>` (idle: it has free slots in these queues, comma-separated,
   and its last claim found nothing more there; said again at the end of each of its polls),
   `m <queues>` (more: its claim filled its slots in these queues, whose jobs keep them taken,
-  `jobq.queue.worker.SLOW_JOB_S`; or it was woken with no room to claim in them, so
+  `jobq.queue.wakeup.SLOW_JOB_S`; or it was woken with no room to claim in them, so
   jobs may be ripe there for another worker), `h` (hello, at each heartbeat, so that the hub
   knows every follower).
 - hub to follower: `w` (wake up and claim), `c <id>` (job `id` was cancelled), `a` (the
@@ -182,7 +182,7 @@ class Hub:
     def polled(self, room: list[str]) -> None:
         """The hub's own poll, which claims in the queues it has `room` in: wake idle
         followers for the other queues some of them have room in (a follower's own poll claims
-        nothing while its hub answers, `jobq.queue.worker.FOLLOWER_POLLS`)."""
+        nothing while its hub answers, `jobq.queue.wakeup.FOLLOWER_POLLS`)."""
         self._wake_for(frozenset().union(*self._idle.values()) - set(room), but=None)
 
     def wake_all(self) -> None:

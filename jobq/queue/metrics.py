@@ -12,6 +12,10 @@ survive restarts: the database adds, and a scrape of any web process reads the s
 
 The queue depths need counting a big table, so a scrape does not count them: it reads the
 snapshot that the leader takes every few seconds (`jobq.queue.leader.depth`).
+
+What the API, the dashboard and the CLI read: `read` (the scrape), `stats` (jobs per type,
+counted live up to `LIVE_COUNT_MAX` queued jobs, else from the depth snapshot), `vacuum_stats`,
+`table_stats` and `event_counts`.
 """
 
 from __future__ import annotations
@@ -236,10 +240,8 @@ class Reading:
 async def read(conn: Connection, *, now: datetime, heartbeat_grace: timedelta) -> Reading:
     """Read the metrics at `now`: the cumulative counts and histograms, per queue its state,
     depth snapshot and oldest ripe job, the running jobs, the workers alive and the vacuum
-    figures (`jobq.queue.store.vacuum_stats`). Small tables and index probes only: no count
-    over `job`. Raises: `asyncpg.PostgresError`."""
-    from jobq.queue import store
-
+    figures (`vacuum_stats`). Small tables and index probes only: no count over `job`.
+    Raises: `asyncpg.PostgresError`."""
     return Reading(
         now=now,
         counters=[dict(r) for r in await sql.metrics_counters.fetch(conn)],
@@ -249,5 +251,65 @@ async def read(conn: Connection, *, now: datetime, heartbeat_grace: timedelta) -
         workers_alive=await sql.metrics_workers_alive.fetchval(
             conn, now=now, heartbeat_grace=heartbeat_grace
         ),
-        vacuum=await store.vacuum_stats(conn, now=now),
+        vacuum=await vacuum_stats(conn, now=now),
     )
+
+
+LIVE_COUNT_MAX = 100_000
+"""The most queued jobs that the views count live (`stats`, the dashboard's depths): past it,
+counting `job` costs a second per few million jobs, and they read the depth snapshot (or stop
+counting) instead."""
+
+
+async def snapshot_counts(conn: Connection, *, max_count: int | None = None) -> datetime | None:
+    """When the queued jobs are to be read from the last depth snapshot rather than counted: its
+    time (aware UTC) while `job` holds more than `max_count` jobs (None: `LIVE_COUNT_MAX`) and a
+    snapshot exists (`take_depth_snapshot`, every few seconds by one
+    worker); else None, they are counted now (a small queue, or no snapshot yet)."""
+    max_count = LIVE_COUNT_MAX if max_count is None else max_count
+    if not await sql.job_count_over.fetchval(conn, max_count=max_count):
+        return None
+    taken_at: datetime | None = await sql.job_depth_taken_at.fetchval(conn)
+    return taken_at
+
+
+async def stats(
+    conn: Connection, *, now: datetime, max_count: int | None = None
+) -> tuple[list[dict[str, Any]], datetime | None]:
+    """Return per job type (by name) its `ripe` and `scheduled` queued jobs, `running` and
+    `dead`, and when the queued ones were counted: None when counted now, at `now` (aware UTC),
+    else the time of the depth snapshot they come from (`snapshot_counts`, with `max_count`).
+    Running and dead jobs are always counted now."""
+    counted_at = await snapshot_counts(conn, max_count=max_count)
+    if counted_at is not None:
+        return [dict(r) for r in await sql.job_stats_counted.fetch(conn)], counted_at
+    return [dict(r) for r in await sql.job_stats.fetch(conn, now=now)], None
+
+
+async def vacuum_stats(conn: Connection, *, now: datetime) -> dict[str, Any]:
+    """Return what an operator needs to see the vacuum horizon pinned: `oldest_transaction_s`,
+    the age in seconds at `now` of the oldest transaction open in this database other than
+    ours (None when there is none), and `tables`: per queue table (`job`, `job_dead`,
+    `job_running`) `n_live_tup`, `n_dead_tup` and `last_autovacuum_at` (None if never), from
+    `pg_stat_user_tables`, which lags the tables by up to a second or so."""
+    oldest: float | None = await sql.job_stats_oldest_transaction.fetchval(conn, now=now)
+    tables = [dict(r) for r in await sql.job_stats_tables.fetch(conn)]
+    return {"oldest_transaction_s": oldest, "tables": tables}
+
+
+async def table_stats(conn: Connection) -> list[dict[str, Any]]:
+    """Return per queue table (`job`, `job_running`, `job_dead`, `job_done`, `job_attempt`;
+    those that exist), its partitions summed: `total_bytes` on disk (heap, indexes, TOAST),
+    `n_live_tup` and `n_dead_tup` (None before the statistics saw it) and
+    `last_autovacuum_at` (None if never), from the catalog and `pg_stat_user_tables`."""
+    return [dict(r) for r in await sql.job_stats_sizes.fetch(conn)]
+
+
+async def event_counts(conn: Connection) -> dict[str, dict[str, int]]:
+    """Return the cumulative event counts of every queue, `{queue: {event: count}}`, summed
+    over all processes from `job_counter` (written by `jobq.queue.metrics`). A rate is the
+    change of a count between two readings over their interval."""
+    counts: dict[str, dict[str, int]] = {}
+    for r in await sql.job_counter_sums.fetch(conn):
+        counts.setdefault(r["queue"], {})[r["event"]] = r["count"]
+    return counts

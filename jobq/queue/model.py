@@ -120,7 +120,7 @@ class ClaimedJob:
 
 class Verdict(StrEnum):
     """What becomes of a claimed job: the one vocabulary of outcomes (recorded by
-    `jobq.queue.acker`, counted by `Worker.counts` under `counted`).
+    `jobq.queue.completer`, counted by `Worker.counts` under `counted`).
 
     `COMPLETE`: done, it leaves the queue. `RETRY`: back to `job` with one more attempt, ripe
     after its backoff. `RELEASE`: back to `job` at its place, no attempt charged (a stop).

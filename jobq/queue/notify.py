@@ -9,7 +9,7 @@ lock for microseconds, and coalescing makes one serve every commit that came bef
 
 The price: a job inserted by plain SQL wakes nobody until the next poll, unless that
 transaction also runs `NOTIFY jobq`. Workers of this process are woken directly
-(`store.wakeups`), without waiting for the notification.
+(`jobq.queue.wakeup.wake_workers`), without waiting for the notification.
 """
 
 from __future__ import annotations

@@ -6,56 +6,22 @@ worker's operations take an explicit connection and run as single autocommit sta
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from jobq import clock, tracing
-from jobq.db import (
-    Connection,
-    Database,
-    current_database,
-    current_transaction,
-    json_arg,
-    write_transaction,
-)
+from jobq.db import Connection, current_database, current_transaction, json_arg, write_transaction
 from jobq.db import conn as current_conn
 from jobq.errors import DuplicateJob
 from jobq.queue import metrics, sql
 from jobq.queue.model import ClaimedJob, Enqueued, Job, Outcome, Unique, Verdict
-from jobq.queue.notify import notifier
 from jobq.queue.registry import DEFAULT_QUEUE, QueueSpec, Registry, registry
+from jobq.queue.wakeup import wake_workers_after_commit
 
 Slots = int | Mapping[str, int]
 """Free slots to claim into: per queue, or an int for the `default` queue alone."""
-
-wakeups: set[asyncio.Event] = set()
-"""Wake-up events of the workers of this process; set when a transaction that enqueued commits."""
-
-
-def wake_workers(database: Database) -> None:
-    """Wake the workers: those of this process at once (their events), those of every process
-    by `NOTIFY jobq` on `database` (coalesced: `jobq.queue.notify`). Call it after the commit
-    that put jobs in `job`."""
-    for event in wakeups:
-        event.set()
-    notifier(database).notify()
-
-
-def _wake_workers_of_this_transaction() -> None:
-    wake_workers(current_database())
-
-
-def wake_workers_after_commit() -> None:
-    """Wake the workers once the transaction in progress commits (once per transaction, and
-    never when it rolls back); outside a transaction, now."""
-    tx = current_transaction()
-    if tx is None:
-        wake_workers(current_database())
-    elif _wake_workers_of_this_transaction not in tx.after_commit:
-        tx.after_commit.append(_wake_workers_of_this_transaction)
 
 
 async def enqueue(job: Job, *, handlers: Registry = registry) -> Enqueued:
@@ -66,7 +32,8 @@ async def enqueue(job: Job, *, handlers: Registry = registry) -> Enqueued:
     same `job_type` and `arguments`, queued), nothing is inserted and the twin's id is returned
     with `duplicate=True`; by default a queued twin due later is moved to this job's `ripe_at`
     (never postponed). Workers are woken once per transaction, after its commit
-    (`wake_workers`): by a `NOTIFY jobq` sent then and, in this process, by an event.
+    (`jobq.queue.wakeup.wake_workers`): by a `NOTIFY jobq` sent then and, in this process, by
+    an event.
     `handlers` tells a job that names no `queue`, `max_retries` or `unique` its handler's
     (default: the process's registry).
     Raises: `DuplicateJob` when the twin's `Unique.on_conflict` is `raise`;
@@ -398,63 +365,3 @@ async def list_queues(
     and its jobs `ripe` and `scheduled` (queued, ripe by `now` or not; each counted up to
     `max_count`, None: all) and `running`."""
     return [dict(r) for r in await sql.job_queue_list.fetch(conn, now=now, max_count=max_count)]
-
-
-LIVE_COUNT_MAX = 100_000
-"""The most queued jobs that the views count live (`stats`, the dashboard's depths): past it,
-counting `job` costs a second per few million jobs, and they read the depth snapshot (or stop
-counting) instead."""
-
-
-async def snapshot_counts(conn: Connection, *, max_count: int | None = None) -> datetime | None:
-    """When the queued jobs are to be read from the last depth snapshot rather than counted: its
-    time (aware UTC) while `job` holds more than `max_count` jobs (None: `LIVE_COUNT_MAX`) and a
-    snapshot exists (`jobq.queue.leader.depth.take_depth_snapshot`, every few seconds by one
-    worker); else None, they are counted now (a small queue, or no snapshot yet)."""
-    max_count = LIVE_COUNT_MAX if max_count is None else max_count
-    if not await sql.job_count_over.fetchval(conn, max_count=max_count):
-        return None
-    taken_at: datetime | None = await sql.job_depth_taken_at.fetchval(conn)
-    return taken_at
-
-
-async def stats(
-    conn: Connection, *, now: datetime, max_count: int | None = None
-) -> tuple[list[dict[str, Any]], datetime | None]:
-    """Return per job type (by name) its `ripe` and `scheduled` queued jobs, `running` and
-    `dead`, and when the queued ones were counted: None when counted now, at `now` (aware UTC),
-    else the time of the depth snapshot they come from (`snapshot_counts`, with `max_count`).
-    Running and dead jobs are always counted now."""
-    counted_at = await snapshot_counts(conn, max_count=max_count)
-    if counted_at is not None:
-        return [dict(r) for r in await sql.job_stats_counted.fetch(conn)], counted_at
-    return [dict(r) for r in await sql.job_stats.fetch(conn, now=now)], None
-
-
-async def vacuum_stats(conn: Connection, *, now: datetime) -> dict[str, Any]:
-    """Return what an operator needs to see the vacuum horizon pinned: `oldest_transaction_s`,
-    the age in seconds at `now` of the oldest transaction open in this database other than
-    ours (None when there is none), and `tables`: per queue table (`job`, `job_dead`,
-    `job_running`) `n_live_tup`, `n_dead_tup` and `last_autovacuum_at` (None if never), from
-    `pg_stat_user_tables`, which lags the tables by up to a second or so."""
-    oldest: float | None = await sql.job_stats_oldest_transaction.fetchval(conn, now=now)
-    tables = [dict(r) for r in await sql.job_stats_tables.fetch(conn)]
-    return {"oldest_transaction_s": oldest, "tables": tables}
-
-
-async def table_stats(conn: Connection) -> list[dict[str, Any]]:
-    """Return per queue table (`job`, `job_running`, `job_dead`, `job_done`, `job_attempt`;
-    those that exist), its partitions summed: `total_bytes` on disk (heap, indexes, TOAST),
-    `n_live_tup` and `n_dead_tup` (None before the statistics saw it) and
-    `last_autovacuum_at` (None if never), from the catalog and `pg_stat_user_tables`."""
-    return [dict(r) for r in await sql.job_stats_sizes.fetch(conn)]
-
-
-async def event_counts(conn: Connection) -> dict[str, dict[str, int]]:
-    """Return the cumulative event counts of every queue, `{queue: {event: count}}`, summed
-    over all processes from `job_counter` (written by `jobq.queue.metrics`). A rate is the
-    change of a count between two readings over their interval."""
-    counts: dict[str, dict[str, int]] = {}
-    for r in await sql.job_counter_sums.fetch(conn):
-        counts.setdefault(r["queue"], {})[r["event"]] = r["count"]
-    return counts

@@ -5,7 +5,7 @@
 -- PL/pgSQL, so that its plan is kept for the session (a SQL function that is not inlined keeps
 -- its plan for one call only): a claim calls it whenever a queue with a rate has ripe jobs that
 -- the claim left (a rate holds them back), for the worker's timer. Its settings are the claim's
--- (jobq.queue.worker.CLAIM_SESSION), whatever the calling session's: a generic plan made while
+-- (jobq.queue.listener.CLAIM_SESSION), whatever the calling session's: a generic plan made while
 -- job_rate is small must still probe its indexes.
 CREATE OR REPLACE FUNCTION job_rate_opens_at(p_queues text[], p_now timestamptz)
 RETURNS timestamptz LANGUAGE plpgsql STABLE

@@ -44,9 +44,9 @@ import pytest
 from jobq import clock, db
 from jobq.db import Connection, Database
 from jobq.queue import Job, enqueue_many, store
+from jobq.queue.listener import CLAIM_SESSION
 from jobq.queue.model import Outcome, Verdict
 from jobq.queue.registry import QueueSpec
-from jobq.queue.worker import CLAIM_SESSION
 from tests.chaos import journal
 from tests.claim_log import max_overlap
 from tests.toolkit.procs import eventually

@@ -7,7 +7,7 @@ import logging
 from jobq import clock
 from jobq.config import Settings
 from jobq.db import Database
-from jobq.queue import store
+from jobq.queue import store, wakeup
 from jobq.queue.service import Service
 
 log = logging.getLogger("jobq.worker")
@@ -27,7 +27,7 @@ def rescuer(database: Database, settings: Settings) -> Service:
             await store.prune_rates(conn, now=now)
         if count:
             log.warning("rescued %d jobs of dead or hung workers", count)
-            store.wake_workers(database)
+            wakeup.wake_workers(database)
         return count
 
     return Service("rescue", settings.rescue_interval, rescue)

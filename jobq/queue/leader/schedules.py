@@ -19,7 +19,7 @@ from typing import Any
 from jobq import clock, db
 from jobq.config import Settings
 from jobq.db import Connection, Database
-from jobq.queue import metrics, sql, store
+from jobq.queue import metrics, sql, wakeup
 from jobq.queue.recurrence import LOOK_AHEAD, due, recurrence_of
 from jobq.queue.registry import Registry
 from jobq.queue.service import Service
@@ -60,7 +60,7 @@ async def enqueue_due(
                 enqueued += await _occurrences(conn, row, ats, handlers, now)
             await sql.schedule_advance.execute(conn, name=row["name"], next_at=next_at)
         if enqueued:
-            store.wake_workers_after_commit()
+            wakeup.wake_workers_after_commit()
     return enqueued
 
 

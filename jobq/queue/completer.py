@@ -1,12 +1,15 @@
-"""Recording outcomes in batches: the completions, re-queues and burials of many jobs go in one
-statement, with one batch in flight at a time per worker.
+"""Completion: one recorder of a worker's job outcomes, which it records in batches (the
+completions, re-queues and burials of many jobs in one statement, one batch in flight at a time).
 
-While the worker claims, it takes the waiting outcomes into its next claim (`Worker.run_once`,
-`sql.job_claim`): a finished job wakes it, and one statement records what finished and fills the
-slots that freed. Otherwise (stopping, or driven by hand in tests) the acker records them itself
-(`sql.job_record`): an outcome waits for the batch in flight, if any, and one turn of the event
-loop, then goes with everything that finished meanwhile. Either way batches grow with the load,
-like a database's group commit, and an idle worker records an outcome at once.
+The executor reports each attempt's `Outcome` with `Completer.report`, and nothing else. While
+the worker claims, its claims take the waiting outcomes with them: it takes a batch
+(`take_batch`), records it in its claim (`sql.job_claim`) and says what became of it
+(`settled`), or gives it back when the claim failed (`restore`); a finished job wakes it, and
+one statement records what finished and fills the slots that freed. Otherwise (stopping, or
+driven by hand in tests) the completer records them itself (`sql.job_record`): an outcome waits
+for the batch in flight, if any, and one turn of the event loop, then goes with everything that
+finished meanwhile. Either way batches grow with the load, like a database's group commit, and
+an idle worker records an outcome at once (as River's batching `JobCompleter` does).
 
 A job whose outcome is not recorded yet stays in `job_running` under its worker's lease (the
 heartbeat extends it): a crash before the batch commits can only make it run again after the
@@ -26,11 +29,15 @@ from jobq.config import Settings
 from jobq.db import Database
 from jobq.queue import metrics, store
 from jobq.queue.model import ClaimedJob, Outcome, Verdict
+from jobq.queue.wakeup import wake_workers
 
 log = logging.getLogger("jobq.worker")
 
+Batch = list[tuple[ClaimedJob, Outcome]]
+"""Outcomes taken together to be recorded in one statement, each with its job."""
 
-class Acker:
+
+class Completer:
     """Records the outcomes of one worker's jobs in batches.
 
     `counts` (shared with the worker) gains, per outcome, its `Verdict.counted` name when recorded
@@ -54,40 +61,64 @@ class Acker:
         self.on_settled = on_settled
         self.limited = limited
         """Whether a job's queue has limits: recording its outcome may let a held-back job
-        start, so a batch the acker records itself wakes the workers."""
-        self._pending: list[tuple[ClaimedJob, Outcome]] = []
+        start, so a batch the completer records itself wakes the workers."""
+        self._pending: Batch = []
         self._flushing: asyncio.Task[None] | None = None
         self._deferred = False
-        """True while the worker's claims take the outcomes (`take`); else the acker records
-        them itself."""
+        """True while the worker's claims take the outcomes (`take_batch`); else the completer
+        records them itself."""
 
-    def defer(self) -> None:
-        """From now on leave the outcomes to the worker's claims (`take`), which record them
-        with the next claim."""
-        self._deferred = True
-
-    def add(self, job: ClaimedJob, outcome: Outcome) -> None:
-        """Queue `outcome` of `job` for the next batch; never blocks."""
+    def report(self, job: ClaimedJob, outcome: Outcome) -> None:
+        """The executor's one call: `outcome` of an attempt of `job`, for the next batch; never
+        blocks."""
         self._pending.append((job, outcome))
         if not self._deferred:
             self._start_flush()
 
-    def take(self) -> list[tuple[ClaimedJob, Outcome]]:
-        """Take the waiting outcomes, to be recorded by the caller and `settle`d (or `restore`d
+    # -- the worker's side: its claims record the batches ----------------------------------
+
+    def defer(self) -> None:
+        """From now on leave the outcomes to the worker's claims (`take_batch`), which record
+        them with the next claim."""
+        self._deferred = True
+
+    def take_batch(self) -> Batch:
+        """Take the waiting outcomes, to be recorded by the caller and `settled` (or `restore`d
         when that failed)."""
         batch, self._pending = self._pending, []
         return batch
 
-    def restore(self, batch: list[tuple[ClaimedJob, Outcome]]) -> None:
-        """Give back a batch from `take` that could not be recorded; it goes first next time."""
+    def restore(self, batch: Batch) -> None:
+        """Give back a batch from `take_batch` that could not be recorded; it goes first next
+        time."""
         self._pending[:0] = batch
         if not self._deferred:
             self._start_flush()
 
-    def settle(self, batch: list[tuple[ClaimedJob, Outcome]], recorded: set[int] | None) -> None:
-        """Count and log what became of a batch from `take`: `recorded` holds the tokens
-        recorded (None: none could be)."""
-        self._settle(batch, recorded)
+    def settled(self, batch: Batch, recorded: set[int] | None) -> None:
+        """Count and log what became of a batch from `take_batch`: `recorded` holds the tokens
+        recorded (None: none could be); release the slots of its jobs (`on_settled`)."""
+        if recorded and any(o.verdict.requeues and o.token in recorded for _, o in batch):
+            wake_workers(self.database)  # jobs went back to `job`: any worker may take them
+        for job, outcome in batch:
+            if recorded is None:
+                self.counts["lost_acks"] += 1
+            elif outcome.token in recorded:
+                self.counts[outcome.verdict.counted] += 1
+                metrics.count_recorded(job, outcome)
+                if outcome.verdict is Verdict.BURY:
+                    fields = {"job_id": job.id, "queue": job.queue, "job_type": job.job_type}
+                    log.error(
+                        "job %s (%s) is dead: %s", job.id, job.job_type, outcome.error, extra=fields
+                    )
+            else:
+                self.counts["rejected"] += 1
+                log.warning(
+                    "job %s was rescued from this worker; its outcome (%s) is not recorded",
+                    job.id,
+                    outcome.verdict,
+                )
+            self.on_settled(outcome.token)
 
     def undefer(self) -> None:
         """From now on record outcomes without waiting for a claim to take them."""
@@ -112,11 +143,11 @@ class Acker:
         try:
             while self._pending and not self._deferred:
                 await asyncio.sleep(0)  # outcomes of jobs ending in this turn join the batch
-                batch = self.take()
+                batch = self.take_batch()
                 recorded = await self._record([outcome for _, outcome in batch])
-                self.settle(batch, recorded)
+                self.settled(batch, recorded)
                 if recorded and any(self.limited(j) for j, o in batch if o.token in recorded):
-                    store.wake_workers(self.database)
+                    wake_workers(self.database)
         finally:
             self._flushing = None
 
@@ -144,26 +175,3 @@ class Acker:
                     return None
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
-
-    def _settle(self, batch: list[tuple[ClaimedJob, Outcome]], recorded: set[int] | None) -> None:
-        if recorded and any(o.verdict.requeues and o.token in recorded for _, o in batch):
-            store.wake_workers(self.database)  # jobs went back to `job`: any worker may take them
-        for job, outcome in batch:
-            if recorded is None:
-                self.counts["lost_acks"] += 1
-            elif outcome.token in recorded:
-                self.counts[outcome.verdict.counted] += 1
-                metrics.count_recorded(job, outcome)
-                if outcome.verdict is Verdict.BURY:
-                    fields = {"job_id": job.id, "queue": job.queue, "job_type": job.job_type}
-                    log.error(
-                        "job %s (%s) is dead: %s", job.id, job.job_type, outcome.error, extra=fields
-                    )
-            else:
-                self.counts["rejected"] += 1
-                log.warning(
-                    "job %s was rescued from this worker; its outcome (%s) is not recorded",
-                    job.id,
-                    outcome.verdict,
-                )
-            self.on_settled(outcome.token)
