@@ -161,16 +161,14 @@ def print_statement(name: str | None) -> int:
     statement whole (its comment, then its text as written in `sql/queries/`) and its
     parameters in the order PostgreSQL receives them. An unknown name prints the names to
     stderr and returns 2."""
-    from jobq.queue import sql
+    from jobq.statements import STATEMENTS
 
     if name is None:
-        print("\n".join(sql.STATEMENTS))
+        print("\n".join(STATEMENTS))
         return 0
-    query = sql.STATEMENTS.get(name)
+    query = STATEMENTS.get(name)
     if query is None:
-        print(
-            f"no statement named {name!r}; one of:\n" + "\n".join(sql.STATEMENTS), file=sys.stderr
-        )
+        print(f"no statement named {name!r}; one of:\n" + "\n".join(STATEMENTS), file=sys.stderr)
         return 2
     if query.doc:
         print("\n".join(f"-- {line}".rstrip() for line in query.doc.splitlines()))

@@ -30,26 +30,13 @@ from typing import Any, Protocol
 from jobq import clock, db
 from jobq.config import Settings
 from jobq.db import Database
-from jobq.queue import Registry, Worker, registry, store
+from jobq.queue import Registry, Worker, registry, sql, store
 
 DEFAULT_MAX_ROUNDS = 100
 """Rounds one call may take before it calls the queue a runaway (`NotDrained`)."""
 
 MAX_LISTED = 20
 """How many queued jobs an assertion's message lists."""
-
-_QUEUED = """
-SELECT id, job_type, arguments, queue, priority, ripe_at, attempts, max_retries, last_error,
-       concurrency_key, created_at
-FROM job
-WHERE $1::text IS NULL OR job_type = $1
-ORDER BY ripe_at, id
-"""
-"""The queued jobs (of one type, or all), earliest `ripe_at` first."""
-
-_RIPE = """
-SELECT job_type, count(*) AS n FROM job WHERE ripe_at <= $1 GROUP BY job_type ORDER BY job_type
-"""
 
 
 class NotDrained(AssertionError):
@@ -162,7 +149,7 @@ async def enqueued(
     inside a transaction sees its own uncommitted jobs), else through `database` or the bound
     one. Raises: `RuntimeError` when neither is there.
     """
-    rows = await _fetch(database, _QUEUED, job_type)
+    rows = await _queued(database, job_type)
     return [
         row
         for row in rows
@@ -260,7 +247,7 @@ async def _run_ripe(worker: Worker, rounds_left: int, max_rounds: int) -> int:
 
 async def _not_drained(worker: Worker, max_rounds: int) -> NotDrained:
     async with worker.database.pool.acquire() as conn:
-        ripe = await conn.fetch(_RIPE, clock.now())
+        ripe = await sql.job_ripe_counts.fetch(conn, now=clock.now())
     still = ", ".join(f"{r['job_type']} x{r['n']}" for r in ripe) or "none"
     return NotDrained(
         f"the queue did not settle within max_rounds={max_rounds} rounds: a job that enqueues "
@@ -276,12 +263,12 @@ def _outcomes(worker: Worker) -> Counter[str]:
 # -- reading the queue ---------------------------------------------------------------------
 
 
-async def _fetch(database: Database | None, query: str, *args: Any) -> list[dict[str, Any]]:
+async def _queued(database: Database | None, job_type: str | None) -> list[dict[str, Any]]:
     tx = db.current_transaction()
     if database is None and tx is not None:
-        return [dict(r) for r in await tx.conn.fetch(query, *args)]
+        return [dict(r) for r in await sql.job_queued.fetch(tx.conn, job_type=job_type)]
     async with (database or db.current_database()).pool.acquire() as conn:
-        return [dict(r) for r in await conn.fetch(query, *args)]
+        return [dict(r) for r in await sql.job_queued.fetch(conn, job_type=job_type)]
 
 
 def _contains(job_arguments: Any, wanted: Mapping[str, Any]) -> bool:

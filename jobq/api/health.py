@@ -8,7 +8,7 @@ from pydantic import BaseModel
 from quart import Blueprint
 from quart_schema import validate_response
 
-from jobq import db
+from jobq import db, statements
 from jobq.errors import DatabaseUnavailable
 
 bp = Blueprint("health", __name__)
@@ -30,7 +30,7 @@ async def health() -> Health:
     try:
         async with asyncio.timeout(TIMEOUT_S):
             async with db.current_database().pool.acquire() as conn:
-                await conn.fetchval("SELECT 1")
+                await statements.database_ping.fetchval(conn)
     except Exception as exc:
         raise DatabaseUnavailable() from exc
     return Health(status="ok", database="ok")

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from quart import Blueprint, Response, current_app, g, render_template, request, url_for
 from quart_schema import hide
 
-from jobq import clock, db
+from jobq import clock, db, statements
 from jobq.api.admin import JobsQuery
 from jobq.api.audit import audit
 from jobq.config import Settings
@@ -277,8 +277,8 @@ async def jobs() -> Response:
         return await _search_page(400, f"Not a valid search ({fields}).", args)
     try:
         async with db.transaction(readonly=True) as conn:
-            await conn.execute(
-                "SELECT set_config('statement_timeout', $1, true)", str(SEARCH_TIMEOUT_MS)
+            await statements.setting_local.execute(
+                conn, setting="statement_timeout", value=str(SEARCH_TIMEOUT_MS)
             )
             found = await control.list_jobs(
                 conn,

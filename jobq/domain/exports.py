@@ -1,18 +1,21 @@
 """Exports: a user's reminders as an iCalendar file, rendered by a `render_export` job in the
 worker's thread pool. Status is derived: `done` once the file is stored, `failed` while its job
-is in the dead letter, `pending` otherwise."""
+is in the dead letter (or after it was discarded from there), `pending` otherwise; the queue
+tells where the job is (`jobq.queue.control.job_states`)."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
 from pydantic import AwareDatetime, BaseModel
 
-from jobq import clock, db
+from jobq import clock, db, statements
 from jobq.domain.users import require_user
 from jobq.errors import LimitReached, NotFound
-from jobq.queue import Job, enqueue
+from jobq.queue import Job, control, enqueue
+from jobq.queue.control import JobState
 
 RENDER_EXPORT = "render_export"
 QUEUE = "exports"
@@ -42,26 +45,30 @@ class Export(BaseModel):
     finished_at: AwareDatetime | None
 
 
-_SELECT = """
-SELECT e.id, e.user_id, e.job_id, e.created_at, e.finished_at,
-       CASE WHEN e.content IS NOT NULL THEN 'done'
-            -- dead, cancelled, or gone (discarded from the dead letter, pruned)
-            WHEN s.state IS NULL OR s.state NOT IN ('queued', 'running') THEN 'failed'
-            ELSE 'pending' END AS status,
-       s.last_error
-FROM exports e LEFT JOIN job_state s ON s.id = e.job_id
-WHERE e.id = $1 AND e.user_id = $2
-"""
+def _waiting(job: control.JobStatus | None) -> bool:
+    """Whether `job` (None: the queue holds it no more) may still render its export."""
+    return job is not None and job.state in (JobState.QUEUED, JobState.RUNNING)
 
 
-def _export(row: dict[str, object]) -> Export:
-    done = row["status"] == "done"
-    return Export.model_validate(
-        row
-        | {
-            "status_url": f"/exports/{row['id']}",
-            "download_url": f"/exports/{row['id']}.ics" if done else None,
-        }
+def _export(row: Any, job: control.JobStatus | None) -> Export:
+    """An `export_get` row as an `Export`, its status derived from its job's (`job`: None when
+    the queue holds no such job: discarded from the dead letter, or pruned)."""
+    if row["done"]:
+        status = ExportStatus.DONE
+    elif not _waiting(job):  # dead, cancelled, or gone (discarded, pruned)
+        status = ExportStatus.FAILED
+    else:
+        status = ExportStatus.PENDING
+    return Export(
+        id=row["id"],
+        user_id=row["user_id"],
+        status=status,
+        status_url=f"/exports/{row['id']}",
+        download_url=f"/exports/{row['id']}.ics" if row["done"] else None,
+        last_error=None if job is None else job.last_error,
+        job_id=row["job_id"],
+        created_at=row["created_at"],
+        finished_at=row["finished_at"],
     )
 
 
@@ -71,15 +78,11 @@ async def request_export(user_id: int, *, max_exports: int) -> Export:
     row)."""
     conn = db.conn()
     await require_user(user_id)
-    await conn.execute("SELECT FROM users WHERE id = $1 FOR NO KEY UPDATE", user_id)
-    held = await conn.fetchval("SELECT count(*) FROM exports WHERE user_id = $1", user_id)
+    await statements.user_lock.execute(conn, user_id=user_id)
+    held = await statements.export_count.fetchval(conn, user_id=user_id)
     if held >= max_exports:
         raise LimitReached("too many exports: use the ones made", limit=max_exports)
-    export_id: int = await conn.fetchval(
-        "INSERT INTO exports (user_id, created_at) VALUES ($1, $2) RETURNING id",
-        user_id,
-        clock.now(),
-    )
+    export_id: int = await statements.export_create.fetchval(conn, user_id=user_id, now=clock.now())
     job = await enqueue(
         Job(
             job_type=RENDER_EXPORT,
@@ -88,25 +91,33 @@ async def request_export(user_id: int, *, max_exports: int) -> Export:
             concurrency_key=f"user:{user_id}",
         )
     )
-    await conn.execute("UPDATE exports SET job_id = $2 WHERE id = $1", export_id, job.id)
+    await statements.export_job_set.execute(conn, export_id=export_id, job_id=job.id)
     return await get_export(export_id, user_id)
 
 
 async def get_export(export_id: int, user_id: int) -> Export:
     """Return the user's export and its status. Raises: `NotFound` (also when it is another
     user's)."""
-    row = await db.conn().fetchrow(_SELECT, export_id, user_id)
+    conn = db.conn()
+    row = await _export_row(conn, export_id, user_id)
+    job = (await control.job_states(conn, [row["job_id"]])).get(row["job_id"])
+    if not row["done"] and not _waiting(job):
+        # Its job ended after the row was read? A render stores its file before its job ends.
+        row = await _export_row(conn, export_id, user_id)
+    return _export(row, job)
+
+
+async def _export_row(conn: db.Connection, export_id: int, user_id: int) -> Any:
+    row = await statements.export_get.fetchrow(conn, export_id=export_id, user_id=user_id)
     if row is None:
         raise NotFound("no such export", export_id=export_id)
-    return _export(dict(row))
+    return row
 
 
 async def export_file(export_id: int, user_id: int) -> str | None:
     """Return the iCalendar text of the user's finished export, or None while it is not done.
     Raises: `NotFound` (also when it is another user's)."""
-    row = await db.conn().fetchrow(
-        "SELECT content FROM exports WHERE id = $1 AND user_id = $2", export_id, user_id
-    )
+    row = await statements.export_content.fetchrow(db.conn(), export_id=export_id, user_id=user_id)
     if row is None:
         raise NotFound("no such export", export_id=export_id)
     content: str | None = row["content"]
@@ -134,18 +145,10 @@ class ExportSource(BaseModel):
 async def export_source(export_id: int) -> ExportSource | None:
     """Return the data of an export still to render, or None (done already, or gone)."""
     conn = db.conn()
-    head = await conn.fetchrow(
-        "SELECT e.user_id, u.name FROM exports e JOIN users u ON u.id = e.user_id"
-        " WHERE e.id = $1 AND e.content IS NULL",
-        export_id,
-    )
+    head = await statements.export_owner.fetchrow(conn, export_id=export_id)
     if head is None:
         return None
-    rows = await conn.fetch(
-        "SELECT id AS reminder_id, message, remind_at, created_at FROM reminders"
-        " WHERE user_id = $1 ORDER BY remind_at, id",
-        head["user_id"],
-    )
+    rows = await statements.export_entries.fetch(conn, user_id=head["user_id"])
     return ExportSource(
         export_id=export_id,
         user_id=head["user_id"],
@@ -156,10 +159,7 @@ async def export_source(export_id: int) -> ExportSource | None:
 
 async def store_export(export_id: int, content: str) -> bool:
     """Store the rendered file once; return False when it was stored already."""
-    status = await db.conn().execute(
-        "UPDATE exports SET content = $2, finished_at = $3 WHERE id = $1 AND content IS NULL",
-        export_id,
-        content,
-        clock.now(),
+    stored = await statements.export_store.fetchval(
+        db.conn(), export_id=export_id, content=content, now=clock.now()
     )
-    return status == "UPDATE 1"
+    return stored is not None

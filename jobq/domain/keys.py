@@ -18,7 +18,7 @@ from datetime import datetime
 
 from pydantic import AwareDatetime, BaseModel
 
-from jobq import clock, db
+from jobq import clock, db, statements
 from jobq.errors import LimitReached, NotFound
 
 _KEY = re.compile(r"jq_([1-9][0-9]{0,18})_([A-Za-z0-9_-]{43})")
@@ -43,33 +43,23 @@ async def create_key(user_id: int, *, max_keys: int, now: datetime | None = None
     secret is seen). Raises: `LimitReached` when the user holds `max_keys` unrevoked keys."""
     conn = db.conn()
     now = now or clock.now()
-    await conn.execute("SELECT FROM users WHERE id = $1 FOR NO KEY UPDATE", user_id)
-    held = await conn.fetchval(
-        "SELECT count(*) FROM api_keys WHERE user_id = $1 AND revoked_at IS NULL", user_id
-    )
+    await statements.user_lock.execute(conn, user_id=user_id)
+    held = await statements.api_key_count.fetchval(conn, user_id=user_id)
     if held >= max_keys:
         raise LimitReached(
             "too many API keys: revoke one first", limit=max_keys, resource="api_keys"
         )
-    key_id: int = await conn.fetchval(
-        "INSERT INTO api_keys (user_id, digest, created_at) VALUES ($1, '', $2) RETURNING id",
-        user_id,
-        now,
-    )
+    key_id: int = await statements.api_key_create.fetchval(conn, user_id=user_id, now=now)
     key = f"jq_{key_id}_{secrets.token_urlsafe(32)}"
-    await conn.execute("UPDATE api_keys SET digest = $2 WHERE id = $1", key_id, _digest(key))
+    await statements.api_key_digest_set.execute(conn, key_id=key_id, digest=_digest(key))
     return ApiKey(id=key_id, user_id=user_id, api_key=key, created_at=now)
 
 
 async def revoke_key(user_id: int, key_id: int) -> None:
     """Revoke one of the user's keys. Raises: `NotFound` when the user holds no such
     unrevoked key."""
-    revoked = await db.conn().fetchval(
-        "UPDATE api_keys SET revoked_at = $3 WHERE id = $1 AND user_id = $2"
-        " AND revoked_at IS NULL RETURNING id",
-        key_id,
-        user_id,
-        clock.now(),
+    revoked = await statements.api_key_revoke.fetchval(
+        db.conn(), key_id=key_id, user_id=user_id, now=clock.now()
     )
     if revoked is None:
         raise NotFound("no such key", key_id=key_id)
@@ -88,9 +78,8 @@ async def authenticate(key: str) -> tuple[int, int] | None:
     found = key_id(key)
     if found is None:
         return None
-    row = await db.current_database().pool.fetchrow(
-        "SELECT user_id, digest FROM api_keys WHERE id = $1 AND revoked_at IS NULL", found
-    )
+    async with db.current_database().pool.acquire() as conn:
+        row = await statements.api_key_find.fetchrow(conn, key_id=found)
     if row is None or not hmac.compare_digest(bytes(row["digest"]), _digest(key)):
         return None
     return row["user_id"], found

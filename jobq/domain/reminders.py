@@ -5,13 +5,15 @@ of its own (`jobq.queue.schedule`, named `reminder:<id>`).
 A reminder's status is derived, never copied. One-off: `sent` once `sent_at` is set, `failed`
 while its job is in the dead letter (or after it was discarded from there), `scheduled`
 otherwise (queued or running). Recurring: `active`, `paused`, or `ended` (no occurrence to
-come).
+come). The queue tells where a job is (`jobq.queue.control.job_states`) and a schedule's next
+occurrence (`jobq.queue.schedule.next_at`): the domain never reads the queue's tables.
 (`jobq.domain.recurring` says why an RRULE.)
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Self
@@ -19,12 +21,13 @@ from urllib.parse import urlsplit
 
 from pydantic import AwareDatetime, BaseModel, Field, model_validator
 
-from jobq import clock, db
+from jobq import clock, db, statements
 from jobq.domain.recurring import Recurrence
 from jobq.domain.types import NOT_BLANK, REQUEST, Text
 from jobq.domain.users import require_user
 from jobq.errors import Conflict, LimitReached, NotFound
-from jobq.queue import Job, control, enqueue, schedule
+from jobq.queue import Job, control, dead, enqueue, schedule
+from jobq.queue.control import JobState
 
 SEND_REMINDER = "send_reminder"
 QUEUE = "reminders"
@@ -123,43 +126,84 @@ class Reminders(BaseModel):
     reminders: list[Reminder]
 
 
-_SELECT = """
-SELECT r.id, r.user_id, r.message, r.remind_at, r.job_id, r.sent_at, r.created_at,
-       CASE WHEN r.rrule IS NOT NULL THEN
-                CASE WHEN r.paused THEN 'paused' WHEN sch.next_at IS NULL THEN 'ended'
-                     ELSE 'active' END
-            WHEN r.sent_at IS NOT NULL THEN 'sent'
-            -- dead, cancelled, or gone (discarded from the dead letter, pruned)
-            WHEN s.state IS NULL OR s.state NOT IN ('queued', 'running') THEN 'failed'
-            ELSE 'scheduled' END AS status,
-       CASE WHEN r.sent_at IS NOT NULL THEN r.attempts ELSE coalesce(s.attempts, 0) END AS attempts,
-       s.last_error, r.rrule, r.tz, r.until, r.count, r.paused, r.deliveries, r.last_occurrence_at,
-       sch.next_at
-FROM reminders r LEFT JOIN job_state s ON s.id = r.job_id
-LEFT JOIN job_schedule sch ON sch.name = 'reminder:' || r.id
-"""
-
-
 def schedule_name(reminder_id: int) -> str:
     """The name of recurring reminder `reminder_id`'s schedule."""
     return f"reminder:{reminder_id}"
 
 
-def _reminder(row: Any) -> Reminder:
-    """A row of `_SELECT` as a `Reminder`, with its next occurrences."""
-    values = dict(row)
+async def _reminders(conn: db.Connection, rows: Sequence[Any]) -> list[Reminder]:
+    """`reminder_get` rows as `Reminder`s: their status derived from their jobs' states and
+    their schedules' next occurrences, which the queue gives (one statement each, for all the
+    rows), and the next occurrences of those recurring.
+
+    The rows and the states are read by two statements, in two snapshots: a delivery whose job
+    ended in between had marked its reminder sent first, so the reminders whose job is no
+    longer waiting are read again (`reminder_sent_of`) before they are called `failed`."""
+    jobs = await control.job_states(conn, [r["job_id"] for r in rows if r["job_id"] is not None])
+    ended = [
+        r["id"]
+        for r in rows
+        if r["rrule"] is None and r["sent_at"] is None and not _waiting(jobs.get(r["job_id"]))
+    ]
+    again = {}
+    if ended:
+        again = {
+            r["id"]: dict(r)
+            for r in await statements.reminder_sent_of.fetch(conn, reminder_ids=ended)
+        }
+    next_ats = await schedule.next_at(
+        conn, [schedule_name(r["id"]) for r in rows if r["rrule"] is not None]
+    )
+    return [
+        _reminder(
+            dict(r) | again.get(r["id"], {}),
+            jobs.get(r["job_id"]),
+            next_ats.get(schedule_name(r["id"])),
+        )
+        for r in rows
+    ]
+
+
+def _waiting(job: control.JobStatus | None) -> bool:
+    """Whether `job` (None: the queue holds it no more) may still deliver its reminder."""
+    return job is not None and job.state in (JobState.QUEUED, JobState.RUNNING)
+
+
+def _reminder(
+    values: dict[str, Any], job: control.JobStatus | None, next_at: datetime | None
+) -> Reminder:
+    """A `reminder_get` row as a `Reminder`, given where its job is (None: no job, or the queue
+    holds it no more) and its schedule's next occurrence (recurring; None: it has ended)."""
     recurrence = None
     upcoming: list[datetime] = []
     if values["rrule"] is not None:
-        rule = values["rrule"]
         recurrence = Recurrence.model_construct(
-            rrule=rule, tz=values["tz"], until=values["until"], count=values["count"]
+            rrule=values["rrule"], tz=values["tz"], until=values["until"], count=values["count"]
         )
-        if values["next_at"] is not None and not values["paused"]:
-            after = values["next_at"] - timedelta(microseconds=1)
+        if values["paused"]:
+            status = ReminderStatus.PAUSED
+        elif next_at is None:
+            status = ReminderStatus.ENDED
+        else:
+            status = ReminderStatus.ACTIVE
+            after = next_at - timedelta(microseconds=1)
             upcoming = recurrence.occurrences(values["remind_at"], after, 5)
+    elif values["sent_at"] is not None:
+        status = ReminderStatus.SENT
+    elif not _waiting(job):  # dead, cancelled, or gone (discarded, pruned)
+        status = ReminderStatus.FAILED
+    else:
+        status = ReminderStatus.SCHEDULED
+    if values["sent_at"] is None:
+        values["attempts"] = 0 if job is None else job.attempts
     return Reminder.model_validate(
-        values | {"recurrence": recurrence, "next_occurrences": upcoming}
+        values
+        | {
+            "status": status,
+            "last_error": None if job is None else job.last_error,
+            "recurrence": recurrence,
+            "next_occurrences": upcoming,
+        }
     )
 
 
@@ -171,28 +215,23 @@ async def schedule_reminder(user_id: int, data: NewReminder, *, max_unsent: int)
     conn = db.conn()
     now = clock.now()
     remind_at = data.due_at(now)
-    user = await conn.fetchrow(
-        "SELECT webhook_url FROM users WHERE id = $1 FOR NO KEY UPDATE", user_id
-    )
+    user = await statements.user_lock.fetchrow(conn, user_id=user_id)
     if user is None:
         raise NotFound("no such user", user_id=user_id)
-    unsent = await conn.fetchval(
-        "SELECT count(*) FROM reminders WHERE user_id = $1 AND sent_at IS NULL", user_id
-    )
+    unsent = await statements.reminder_unsent_count.fetchval(conn, user_id=user_id)
     if unsent >= max_unsent:
         raise LimitReached("too many reminders not yet sent: delete some or wait", limit=max_unsent)
     recurrence = data.recurrence
-    reminder_id: int = await conn.fetchval(
-        "INSERT INTO reminders (user_id, message, remind_at, created_at, rrule, tz, until, count)"
-        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
-        user_id,
-        data.message,
-        remind_at,
-        now,
-        None if recurrence is None else recurrence.rrule,
-        None if recurrence is None else recurrence.tz,
-        None if recurrence is None else recurrence.until,
-        None if recurrence is None else recurrence.count,
+    reminder_id: int = await statements.reminder_create.fetchval(
+        conn,
+        user_id=user_id,
+        message=data.message,
+        remind_at=remind_at,
+        now=now,
+        rrule=None if recurrence is None else recurrence.rrule,
+        tz=None if recurrence is None else recurrence.tz,
+        until=None if recurrence is None else recurrence.until,
+        count=None if recurrence is None else recurrence.count,
     )
     if recurrence is not None:
         await schedule.save(
@@ -217,7 +256,7 @@ async def schedule_reminder(user_id: int, data: NewReminder, *, max_unsent: int)
             concurrency_key=delivery_key(user["webhook_url"]),
         )
     )
-    await conn.execute("UPDATE reminders SET job_id = $2 WHERE id = $1", reminder_id, job.id)
+    await statements.reminder_job_set.execute(conn, reminder_id=reminder_id, job_id=job.id)
     # As `get_reminder` would read it back inside this transaction: nothing else has seen it.
     return Reminder(
         id=reminder_id,
@@ -236,54 +275,52 @@ async def schedule_reminder(user_id: int, data: NewReminder, *, max_unsent: int)
 async def get_reminder(reminder_id: int, user_id: int) -> Reminder:
     """Return the user's reminder with its derived status. Raises: `NotFound` (also when it is
     another user's)."""
-    row = await db.conn().fetchrow(
-        _SELECT + " WHERE r.id = $1 AND r.user_id = $2", reminder_id, user_id
-    )
+    conn = db.conn()
+    row = await statements.reminder_get.fetchrow(conn, reminder_id=reminder_id, user_id=user_id)
     if row is None:
         raise NotFound("no such reminder", reminder_id=reminder_id)
-    return _reminder(row)
+    [reminder] = await _reminders(conn, [row])
+    return reminder
 
 
 async def list_reminders(user_id: int) -> list[Reminder]:
     """Return the user's reminders by due time. Raises: `NotFound` for an unknown user."""
     await require_user(user_id)
-    rows = await db.conn().fetch(
-        _SELECT + " WHERE r.user_id = $1 ORDER BY r.remind_at, r.id", user_id
-    )
-    return [_reminder(r) for r in rows]
+    conn = db.conn()
+    return await _reminders(conn, await statements.reminder_list.fetch(conn, user_id=user_id))
 
 
 async def cancel_reminder(reminder_id: int, user_id: int, *, retain: bool = True) -> None:
     """Delete the user's reminder not yet sent, and cancel its job (`jobq.queue.control.cancel`:
     a queued job leaves the queue, a delivery running is cancelled and never retried; a dead
-    one is deleted), in the caller's transaction. `retain`: keep the cancelled job in
-    `job_done` (the retention setting).
+    one is discarded, `jobq.queue.dead.discard`), in the caller's transaction. `retain`: keep
+    the cancelled job in `job_done` (the retention setting).
 
     Raises: `NotFound` (also when it is another user's); `Conflict` when it has been sent.
     """
     conn = db.conn()
-    deleted = await conn.fetchrow(
-        """
-        WITH r AS (DELETE FROM reminders WHERE id = $1 AND user_id = $2 AND sent_at IS NULL
-                   RETURNING job_id, rrule),
-             d AS (DELETE FROM job_dead WHERE id IN (SELECT job_id FROM r))
-        SELECT job_id, rrule FROM r
-        """,
-        reminder_id,
-        user_id,
+    deleted = await statements.reminder_delete_unsent.fetchrow(
+        conn, reminder_id=reminder_id, user_id=user_id
     )
     if deleted is not None:
         if deleted["rrule"] is not None:  # its future occurrences stop, those queued too
             await schedule.drop(conn, schedule_name(reminder_id), now=clock.now())
         if deleted["job_id"] is not None:
-            with contextlib.suppress(NotFound, Conflict):  # dead (deleted above), or ended
-                await control.cancel(conn, deleted["job_id"], now=clock.now(), retain=retain)
+            await _end_job(conn, deleted["job_id"], retain=retain)
         return
-    if await conn.fetchval(
-        "SELECT 1 FROM reminders WHERE id = $1 AND user_id = $2", reminder_id, user_id
-    ):
+    if await statements.reminder_exists.fetchval(conn, reminder_id=reminder_id, user_id=user_id):
         raise Conflict("the reminder has been sent already", reminder_id=reminder_id)
     raise NotFound("no such reminder", reminder_id=reminder_id)
+
+
+async def _end_job(conn: db.Connection, job_id: int, *, retain: bool) -> None:
+    """Cancel job `job_id`, or discard it from the dead letter; nothing when it ended otherwise
+    or is gone."""
+    with contextlib.suppress(NotFound):  # gone (pruned, discarded)
+        try:
+            await control.cancel(conn, job_id, now=clock.now(), retain=retain)
+        except Conflict:  # it ended: succeeded, cancelled, or dead (then discarded)
+            await dead.discard(conn, job_id)
 
 
 async def pause_reminder(reminder_id: int, user_id: int, *, paused: bool) -> Reminder:
@@ -291,11 +328,8 @@ async def pause_reminder(reminder_id: int, user_id: int, *, paused: bool) -> Rem
     resumes) or resume it (from its next occurrence after now: none missed is made up); return
     it. Raises: `NotFound` (also when it is another user's); `Conflict` for a one-off one."""
     conn = db.conn()
-    found = await conn.fetchrow(
-        "UPDATE reminders SET paused = $3 WHERE id = $1 AND user_id = $2 RETURNING rrule",
-        reminder_id,
-        user_id,
-        paused,
+    found = await statements.reminder_pause.fetchrow(
+        conn, reminder_id=reminder_id, user_id=user_id, paused=paused
     )
     if found is None:
         raise NotFound("no such reminder", reminder_id=reminder_id)
@@ -318,12 +352,8 @@ class Delivery(BaseModel):
 async def pending_delivery(reminder_id: int, *, recurring: bool = False) -> Delivery | None:
     """Return the delivery of a reminder not yet sent (`recurring`: of a recurring reminder, at
     any occurrence), or None (sent already, or deleted)."""
-    row = await db.conn().fetchrow(
-        "SELECT r.id AS reminder_id, r.user_id, r.message, r.remind_at, u.webhook_url"
-        " FROM reminders r JOIN users u ON u.id = r.user_id"
-        " WHERE r.id = $1 AND r.sent_at IS NULL AND (r.rrule IS NOT NULL) = $2",
-        reminder_id,
-        recurring,
+    row = await statements.reminder_delivery.fetchrow(
+        db.conn(), reminder_id=reminder_id, recurring=recurring
     )
     return None if row is None else Delivery.model_validate(dict(row))
 
@@ -332,22 +362,16 @@ async def mark_occurrence_sent(reminder_id: int, occurrence_at: datetime) -> boo
     """Count occurrence `occurrence_at` of a recurring reminder delivered, once (a job that
     runs twice, or an older occurrence delivered late, counts no more); return whether it
     counted."""
-    status = await db.conn().execute(
-        "UPDATE reminders SET deliveries = deliveries + 1, last_occurrence_at = $2"
-        " WHERE id = $1 AND (last_occurrence_at IS NULL OR last_occurrence_at < $2)",
-        reminder_id,
-        occurrence_at,
+    counted = await statements.reminder_occurrence_sent.fetchval(
+        db.conn(), reminder_id=reminder_id, occurrence_at=occurrence_at
     )
-    return status == "UPDATE 1"
+    return counted is not None
 
 
 async def mark_sent(reminder_id: int, *, attempts: int) -> bool:
     """Set `sent_at` (the app clock) once: return False when it was set already or the reminder
     is gone, so a job that runs twice marks the reminder sent exactly once."""
-    status = await db.conn().execute(
-        "UPDATE reminders SET sent_at = $2, attempts = $3 WHERE id = $1 AND sent_at IS NULL",
-        reminder_id,
-        clock.now(),
-        attempts,
+    marked = await statements.reminder_sent.fetchval(
+        db.conn(), reminder_id=reminder_id, now=clock.now(), attempts=attempts
     )
-    return status == "UPDATE 1"
+    return marked is not None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import AwareDatetime, BaseModel, EmailStr, Field
 
-from jobq import clock, db
+from jobq import clock, db, statements
 from jobq.domain.types import NOT_BLANK, REQUEST, Text, WebhookUrl
 from jobq.errors import Conflict, NotFound
 
@@ -40,14 +40,12 @@ class UserWithKey(User):
 
 async def create_user(data: NewUser) -> User:
     """Insert a user. Raises: `Conflict` when the e-mail address (any case) is taken."""
-    row = await db.conn().fetchrow(
-        "INSERT INTO users (name, email, webhook_url, created_at) VALUES ($1, $2, $3, $4)"
-        " ON CONFLICT (lower(email)) DO NOTHING"
-        " RETURNING id, name, email, webhook_url, created_at",
-        data.name,
-        data.email,
-        str(data.webhook_url) if data.webhook_url else None,
-        clock.now(),
+    row = await statements.user_create.fetchrow(
+        db.conn(),
+        name=data.name,
+        email=data.email,
+        webhook_url=str(data.webhook_url) if data.webhook_url else None,
+        now=clock.now(),
     )
     if row is None:
         raise Conflict("a user with this email exists", field="email")
@@ -56,9 +54,7 @@ async def create_user(data: NewUser) -> User:
 
 async def get_user(user_id: int) -> User:
     """Return the user. Raises: `NotFound`."""
-    row = await db.conn().fetchrow(
-        "SELECT id, name, email, webhook_url, created_at FROM users WHERE id = $1", user_id
-    )
+    row = await statements.user_get.fetchrow(db.conn(), user_id=user_id)
     if row is None:
         raise NotFound("no such user", user_id=user_id)
     return User.model_validate(dict(row))
@@ -66,5 +62,5 @@ async def get_user(user_id: int) -> User:
 
 async def require_user(user_id: int) -> None:
     """Raise `NotFound` unless the user exists (users are never deleted)."""
-    if not await db.conn().fetchval("SELECT 1 FROM users WHERE id = $1", user_id):
+    if not await statements.user_exists.fetchval(db.conn(), user_id=user_id):
         raise NotFound("no such user", user_id=user_id)

@@ -17,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
+from collections.abc import Collection
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 import asyncpg
 from pydantic import AwareDatetime, BaseModel, Field
@@ -113,6 +114,25 @@ async def find(conn: Connection, job_id: int, *, now: datetime) -> JobView | Non
         return None
     attempts = [dict(r) for r in await sql.job_attempts.fetch(conn, job_id=job_id)]
     return JobView.model_validate(dict(row) | {"failed_attempts": attempts})
+
+
+class JobStatus(NamedTuple):
+    """Where a job is (`QUEUED` whether ripe or not), its attempts ended (a running one is not
+    counted) and its last failed attempt's error."""
+
+    state: JobState
+    attempts: int
+    last_error: str | None
+
+
+async def job_states(conn: Connection, job_ids: Collection[int]) -> dict[int, JobStatus]:
+    """Return where each of jobs `job_ids` is now, by id, in one statement however many there
+    are (`job_state_of`); a job no table holds (discarded from the dead letter, or finished
+    longer ago than the retention) is absent."""
+    if not job_ids:
+        return {}
+    rows = await sql.job_state_of.fetch(conn, job_ids=list(job_ids))
+    return {r["id"]: JobStatus(JobState(r["state"]), r["attempts"], r["last_error"]) for r in rows}
 
 
 async def list_jobs(

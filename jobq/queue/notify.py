@@ -20,6 +20,7 @@ import logging
 import weakref
 
 from jobq.db import Database
+from jobq.queue import sql
 
 log = logging.getLogger("jobq.notify")
 
@@ -69,7 +70,7 @@ class Notifier:
                     return
                 try:
                     async with database.pool.acquire() as conn:
-                        await conn.execute("SELECT pg_notify($1, '')", CHANNEL)
+                        await sql.worker_wake.execute(conn, channel=CHANNEL)
                 except Exception as exc:
                     # The workers' poll is the safety net for a lost notification.
                     log.warning("could not notify the workers (%s: %s)", type(exc).__name__, exc)

@@ -10,7 +10,7 @@ time zones and DST; misfires). The elected leader alone enqueues their occurrenc
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -40,6 +40,15 @@ def next_occurrences(row: Any, count: int) -> list[datetime]:
         found.append(at)
         at = recurrence.after(at)
     return found
+
+
+async def next_at(conn: Connection, names: Collection[str]) -> dict[str, datetime | None]:
+    """Return the next occurrence of each schedule of `names` that exists, by name (None: it has
+    ended), in one statement however many there are (`schedule_next_at`)."""
+    if not names:
+        return {}
+    rows = await sql.schedule_next_at.fetch(conn, names=list(names))
+    return {r["name"]: r["next_at"] for r in rows}
 
 
 async def declare(conn: Connection, specs: Iterable[ScheduleSpec], *, now: datetime) -> None:
@@ -105,7 +114,7 @@ async def pause(conn: Connection, name: str, *, paused: bool, now: datetime) -> 
     """Pause schedule `name` (its occurrences queued are cancelled, none is enqueued until it
     resumes), or resume it from its first occurrence after `now` (none of those of the pause
     is made up). In the caller's transaction. Raises: `KeyError` for an unknown schedule."""
-    row = await conn.fetchrow("SELECT * FROM job_schedule WHERE name = $1 FOR UPDATE", name)
+    row = await sql.schedule_lock.fetchrow(conn, name=name)
     if row is None:
         raise KeyError(name)
     next_at = None if paused else recurrence_of(row).after(now)

@@ -93,3 +93,16 @@ UNION ALL
  WHERE id < coalesce(:after::bigint, 9223372036854775807) AND (:queue::text IS NULL OR queue = :queue) AND (:job_type::text IS NULL OR job_type = :job_type) AND (:state::text IS NULL OR :state = ANY('{succeeded,cancelled}'::text[])) AND (:state::text IS NULL OR state = :state) ORDER BY id DESC LIMIT :limit)) AS j
 ORDER BY id DESC
 LIMIT :limit;
+
+-- name: job_state_of
+-- Where each of jobs :job_ids is: a row for each one some table holds (none for a job discarded
+-- from the dead letter, or finished longer ago than the retention), its state `queued` (ripe or
+-- not), `running`, `failed` (dead), `succeeded` or `cancelled`, its attempts ended (a running
+-- one is not counted) and its last error.
+SELECT id, 'queued' AS state, attempts, last_error FROM job WHERE id = ANY(:job_ids::bigint[])
+UNION ALL
+SELECT id, 'running', attempts, last_error FROM job_running WHERE id = ANY(:job_ids::bigint[])
+UNION ALL
+SELECT id, 'failed', attempts, last_error FROM job_dead WHERE id = ANY(:job_ids::bigint[])
+UNION ALL
+SELECT id, state, attempts, last_error FROM job_done WHERE id = ANY(:job_ids::bigint[]);

@@ -72,3 +72,12 @@ SELECT o.job_id FROM job_occurrence AS o
 WHERE o.schedule = :name
   AND (EXISTS (SELECT FROM job WHERE id = o.job_id)
        OR EXISTS (SELECT FROM job_running WHERE id = o.job_id));
+
+-- name: schedule_lock
+-- Schedule :name, locked until the transaction ends (a pause or resume computes its next_at from
+-- it), or no row.
+SELECT * FROM job_schedule WHERE name = :name FOR UPDATE;
+
+-- name: schedule_next_at
+-- The next occurrence of each schedule of :names that exists (NULL: it has ended).
+SELECT name, next_at FROM job_schedule WHERE name = ANY(:names::text[]);

@@ -71,3 +71,8 @@ SELECT w.id, w.host, w.pid, w.started_at, w.heartbeat_at,
        (SELECT count(*) FROM job_running AS r WHERE r.worker_id = w.id) AS running_jobs
 FROM worker AS w
 ORDER BY w.id;
+
+-- name: worker_wake
+-- Wake the workers listening on :channel (an empty notification, sent when the transaction
+-- commits).
+SELECT pg_notify(:channel, '');

@@ -10,7 +10,9 @@ import pytest
 from freezegun import freeze_time
 from quart.typing import TestClientProtocol as Client
 
+from jobq import statements
 from jobq.db import Connection
+from jobq.domain import reminders
 from tests.api.conftest import RunJobs
 from tests.api.helpers import assert_error, create_reminder, create_user, error_locs
 
@@ -209,6 +211,22 @@ async def test_delete_unknown_reminder_is_404(client: Client, conn: Connection) 
     assert response.status_code == 404
     assert_error(await response.get_json(), "not_found")
     assert await counts(conn) == (1, 1, 0, 0)
+
+
+async def test_a_reminder_read_just_before_its_delivery_ends_reads_sent(
+    client: Client, conn: Connection, run_jobs: RunJobs
+) -> None:
+    # The rows and their jobs' states are two statements: a delivery that ends between them
+    # marked its reminder sent first, so the reminder reads `sent` (its job gone), not `failed`.
+    with freeze_time(T0, real_asyncio=True):
+        user = await create_user(client)
+        await create_reminder(client, user["id"], message="x", remind_in_seconds=60)
+    [row] = await statements.reminder_list.fetch(conn, user_id=user["id"])
+    assert await run_jobs(at=T0 + timedelta(seconds=61)) == 1
+    [reminder] = await reminders._reminders(conn, [row])
+    assert reminder.status == "sent"
+    assert reminder.sent_at == T0 + timedelta(seconds=61)
+    assert reminder.attempts == 1
 
 
 async def test_delete_sent_reminder_is_409(

@@ -16,7 +16,16 @@ from jobq import clock
 from jobq.db import Connection, Database
 from jobq.errors import Conflict, NotFound
 from jobq.queue import Job, JobContext, Registry, enqueue
-from jobq.queue.control import JobCancelled, JobFailed, JobState, cancel, find, wait_for
+from jobq.queue.control import (
+    JobCancelled,
+    JobFailed,
+    JobState,
+    JobStatus,
+    cancel,
+    find,
+    job_states,
+    wait_for,
+)
 from jobq.queue.executor import ResultError, result_json
 from jobq.queue.leader.prune import partition_name, prune_finished
 from tests.queue.helpers import Gate, MakeWorker, counts
@@ -176,6 +185,44 @@ async def test_cancel_of_a_finished_or_unknown_job_is_refused(
     with pytest.raises(NotFound):
         await cancel_now(conn, 10**12)
     assert await state_of(conn, ok.id) is JobState.SUCCEEDED  # unchanged
+
+
+async def test_job_states_says_where_each_job_is(conn: Connection, make_worker: MakeWorker) -> None:
+    gate = Gate()
+    handlers = Registry()
+
+    @handlers.handler("t", args=Args)
+    async def t(args: Args, job: JobContext) -> None:
+        if args.n == 1:
+            raise RuntimeError("boom")
+        if args.n == 3:
+            await gate.enter(job.id)
+
+    worker = await make_worker(handlers)
+    dead = await enqueue(Job(job_type="t", arguments={"n": 1}, max_retries=0))
+    ok = await enqueue(Job(job_type="t", arguments={"n": 2}))
+    assert await worker.run_once() == 2
+    await worker.wait_idle()
+    running = await enqueue(Job(job_type="t", arguments={"n": 3}))
+    assert await worker.run_once() == 1
+    await gate.wait_entered()
+    scheduled = await enqueue(Job(job_type="t", arguments={"n": 4}).runs_in(seconds=3600))
+    cancelled = await enqueue(Job(job_type="t", arguments={"n": 5}).runs_in(seconds=3600))
+    await cancel_now(conn, cancelled.id)
+    ids = [dead.id, ok.id, running.id, scheduled.id, cancelled.id, 10**12]
+    states = await job_states(conn, ids)
+    gate.release()
+    await worker.wait_idle()
+    failed = states.pop(dead.id)
+    assert (failed.state, failed.attempts) == (JobState.FAILED, 1)
+    assert "boom" in (failed.last_error or "")
+    assert states == {
+        ok.id: JobStatus(JobState.SUCCEEDED, 1, None),
+        running.id: JobStatus(JobState.RUNNING, 0, None),  # the attempt running is not counted
+        scheduled.id: JobStatus(JobState.QUEUED, 0, None),
+        cancelled.id: JobStatus(JobState.CANCELLED, 0, None),
+    }  # 10**12: no such job
+    assert await job_states(conn, []) == {}
 
 
 async def test_a_cancelled_running_job_of_a_dead_worker_is_not_rescued_into_the_queue(

@@ -1,14 +1,16 @@
-"""Named parameters (`jobq.queue.sql.Query`): numbered in order, casts untouched, and every
-statement of the engine left with no unnumbered name (no database needed)."""
+"""Named parameters (`jobq.statements.Query`): numbered in order, casts untouched, and every
+statement (the queue's and the application's) left with no unnumbered name; the application's
+code reads no table of the queue (no database needed)."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
-from jobq.queue import sql
-from jobq.queue.sql import Query
+import jobq
+from jobq.statements import STATEMENTS, Query
 
 
 def test_names_are_numbered_in_order_of_first_use_and_casts_are_kept() -> None:
@@ -24,9 +26,6 @@ def test_a_missing_or_unknown_parameter_is_a_type_error(values: dict[str, int]) 
         Query("SELECT :a, :b").args(**values)
 
 
-STATEMENTS = sql.STATEMENTS
-
-
 @pytest.mark.parametrize("name", sorted(STATEMENTS))
 def test_every_statement_is_fully_numbered(name: str) -> None:
     query = STATEMENTS[name]
@@ -34,3 +33,22 @@ def test_every_statement_is_fully_numbered(name: str) -> None:
     assert not re.search(r"(?<![:\w]):[a-z_]", query.text), query.text
     used = {int(n) for n in re.findall(r"\$(\d+)", query.text)}
     assert used == set(range(1, len(query.params) + 1)), (name, used, query.params)
+
+
+DOMAIN_TABLES = {"users", "reminders", "exports", "api_keys"}
+APPLICATION = sorted(
+    path
+    for package in ("api", "dashboard", "domain", "jobs")
+    for path in (Path(jobq.__file__).parent / package).glob("*.py")
+)
+
+
+@pytest.mark.parametrize("path", APPLICATION, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_the_application_reads_no_table_of_the_queue(path: Path) -> None:
+    # It asks the queue (`jobq.queue.control.job_states`, ...): its statements name its tables.
+    source = path.read_text()
+    assert not re.search(r"[\"']\s*(SELECT|INSERT|UPDATE|DELETE|WITH)\s", source), "SQL in Python"
+    assert not re.search(r"jobq\.queue\.sql|from jobq\.queue import [^\n]*\bsql\b", source)
+    for name in re.findall(r"\bstatements\.(\w+)", source):
+        tables = re.findall(r"\b(?:FROM|JOIN|INTO|UPDATE)\s+(\w+)", STATEMENTS[name].text, re.I)
+        assert set(tables) <= DOMAIN_TABLES, (name, tables)

@@ -105,7 +105,7 @@ async def _ddl(conn: Connection, statement: str) -> None:
     another pruner that did it first): the next round tries again."""
     try:
         async with conn.transaction():
-            await conn.execute(f"SET LOCAL lock_timeout = '{DDL_LOCK_TIMEOUT}'")
+            await sql.setting_local.execute(conn, setting="lock_timeout", value=DDL_LOCK_TIMEOUT)
             await conn.execute(statement)
     except asyncpg.PostgresError as exc:
         log.info("retention: %s failed (%s); next round", statement.split(";")[0], exc)

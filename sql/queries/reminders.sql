@@ -1,0 +1,73 @@
+-- name: reminder_unsent_count
+-- User :user_id's reminders not yet sent (recurring ones included: they are never sent).
+SELECT count(*) FROM reminders WHERE user_id = :user_id AND sent_at IS NULL;
+
+-- name: reminder_create
+-- A new reminder (:rrule, :tz, :until, :count: its recurrence, or NULLs); returns its id.
+INSERT INTO reminders (user_id, message, remind_at, created_at, rrule, tz, until, count)
+VALUES (:user_id, :message, :remind_at, :now, :rrule, :tz, :until, :count)
+RETURNING id;
+
+-- name: reminder_job_set!
+UPDATE reminders SET job_id = :job_id WHERE id = :reminder_id;
+
+-- name: reminder_get
+-- User :user_id's reminder :reminder_id. Its status derives from its job's state and its
+-- schedule's next occurrence, which the queue gives (`jobq.queue.control.job_states`,
+-- `jobq.queue.schedule.next_at`).
+SELECT id, user_id, message, remind_at, job_id, sent_at, created_at, attempts, rrule, tz,
+       until, count, paused, deliveries, last_occurrence_at
+FROM reminders
+WHERE id = :reminder_id AND user_id = :user_id;
+
+-- name: reminder_list
+-- User :user_id's reminders by due time, as `reminder_get` reads each.
+SELECT id, user_id, message, remind_at, job_id, sent_at, created_at, attempts, rrule, tz,
+       until, count, paused, deliveries, last_occurrence_at
+FROM reminders
+WHERE user_id = :user_id
+ORDER BY remind_at, id;
+
+-- name: reminder_sent_of
+-- When each of reminders :reminder_ids was sent (NULL: not yet) and after how many attempts:
+-- read again when its job ended after the reminder was read (a delivery marks its reminder sent
+-- before its job ends).
+SELECT id, sent_at, attempts FROM reminders WHERE id = ANY(:reminder_ids::bigint[]);
+
+-- name: reminder_delete_unsent
+-- Delete user :user_id's reminder :reminder_id unless it was sent; returns its job_id and rrule
+-- (the caller cancels its job or drops its schedule), or no row.
+DELETE FROM reminders
+WHERE id = :reminder_id AND user_id = :user_id AND sent_at IS NULL
+RETURNING job_id, rrule;
+
+-- name: reminder_exists
+SELECT true FROM reminders WHERE id = :reminder_id AND user_id = :user_id;
+
+-- name: reminder_pause
+-- Mark user :user_id's reminder :reminder_id paused (or not); returns its rrule (NULL: a one-off
+-- reminder), or no row.
+UPDATE reminders SET paused = :paused
+WHERE id = :reminder_id AND user_id = :user_id
+RETURNING rrule;
+
+-- name: reminder_delivery
+-- What delivering reminder :reminder_id takes, while it is not sent (:recurring: whether it is a
+-- recurring one, which is never marked sent), or no row.
+SELECT r.id AS reminder_id, r.user_id, r.message, r.remind_at, u.webhook_url
+FROM reminders AS r JOIN users AS u ON u.id = r.user_id
+WHERE r.id = :reminder_id AND r.sent_at IS NULL AND (r.rrule IS NOT NULL) = :recurring;
+
+-- name: reminder_occurrence_sent
+-- Count occurrence :occurrence_at of recurring reminder :reminder_id delivered, unless it or a
+-- later one was counted already; returns its id, or no row.
+UPDATE reminders SET deliveries = deliveries + 1, last_occurrence_at = :occurrence_at
+WHERE id = :reminder_id AND (last_occurrence_at IS NULL OR last_occurrence_at < :occurrence_at)
+RETURNING id;
+
+-- name: reminder_sent
+-- Mark reminder :reminder_id sent at :now after :attempts attempts, once; returns its id, or no
+-- row (sent already, or gone).
+UPDATE reminders SET sent_at = :now, attempts = :attempts
+WHERE id = :reminder_id AND sent_at IS NULL
+RETURNING id;
