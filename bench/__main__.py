@@ -135,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("pgserver").setLevel(logging.WARNING)
     # Ctrl-C interrupts even where SIGINT came ignored (started in the background)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    children.stop_with_parent()
     names = args.workloads or list(WORKLOADS if args.all else HEADLINE)
     runs = {name: args.runs or WORKLOADS[name].runs for name in names}
     try:

@@ -1,11 +1,12 @@
 """Every process a benchmark starts, stopped however the benchmark ends.
 
 Each subprocess the benchmark starts is `track`ed. Interrupted (SIGINT, i.e. Ctrl-C, or
-SIGTERM), `python -m bench` cancels its main task (`cancel_on_signals`), so each workload's own
-`finally` stops what it started, as at a normal end; then, at exit (`atexit`), `stop_all` stops
-whatever is still running: it sends each tracked process its stop signal, waits, and SIGKILLs
-the process and every descendant it had (a `python -m jobq run` supervisor's web and worker
-processes, or another benchmark's workers) that is still alive.
+SIGTERM, which it also gets when its parent exits: `stop_with_parent`), `python -m bench`
+cancels its main task (`cancel_on_signals`), so that each workload's own `finally` stops what
+it started, as at a normal end; then, at exit (`atexit`), `stop_all` stops whatever is still
+running: it sends each tracked process its stop signal, waits, and SIGKILLs the process and
+every descendant it had (a `python -m jobq run` supervisor's web and worker processes, or
+another benchmark's workers) that is still alive.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import atexit
 import contextlib
 import signal
 import subprocess
+import sys
 
 import psutil  # type: ignore[import-untyped]
 
@@ -67,6 +69,16 @@ def stop_all(wait_s: float = STOP_WAIT_S) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             popen.wait(timeout=wait_s)
     _tracked[:] = [(p, sig) for p, sig in _tracked if p.poll() is None]
+
+
+def stop_with_parent() -> None:
+    """On Linux, have the kernel send this process SIGTERM when its parent exits: `make` ended
+    by SIGTERM exits without passing the signal on to the recipe's process."""
+    if sys.platform == "linux":
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def cancel_on_signals(task: asyncio.Task[object]) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from bench.context import Figures
 from bench.fleet_bench import FLEET
-from bench.workloads import keys_of
+from bench.workloads import WORKLOADS, keys_of
 
 Line = dict[str, Any]
 
@@ -156,10 +156,10 @@ Row = tuple[str, ...]
 
 
 def rows(lines: list[Line]) -> list[Row]:
-    """One row per figure: workload (and keys), figure, value, [baseline, ratio,] target, met.
-    The baseline's columns are there when a line has a `baseline_rev`."""
+    """One row per figure: workload (and keys), figure, value, runs, [baseline, ratio,] target,
+    met. The baseline's columns are there when a line has a `baseline_rev`."""
     rev = next((line["baseline_rev"] for line in lines if "baseline_rev" in line), None)
-    header: Row = ("workload", "figure", "value")
+    header: Row = ("workload", "figure", "value", "runs")
     if rev is not None:
         header += (f"baseline ({rev})", "ratio")
     out = [(*header, "target", "met?")]
@@ -167,10 +167,12 @@ def rows(lines: list[Line]) -> list[Row]:
         keys = keys_of(line["bench"])
         name = line["bench"] + "".join(f" {k}={line[k]}" for k in keys if k in line)
         extra: Row = ("", "") if rev is not None else ()
+        runs = _cell(line.get("runs", ""))
         if "error" in line:
-            out.append((name, "error", str(line["error"])[:60], *extra, "", "NO"))
+            out.append((name, "error", str(line["error"])[:60], runs, *extra, "", "NO"))
         if "baseline_missing" in line:
-            out.append((name, "baseline", "", str(line["baseline_missing"])[:60], "", "", ""))
+            missing = str(line["baseline_missing"])[:60]
+            out.append((name, "baseline", "", runs, missing, "", "", ""))
         baseline = line.get("baseline", {})
         ratio = line.get("ratio", {})
         for figure, value in line.items():
@@ -180,7 +182,8 @@ def rows(lines: list[Line]) -> list[Row]:
             met = "" if target is None else ("yes" if target.met(value) else "NO")
             if rev is not None:
                 extra = (_cell(baseline.get(figure, "")), _cell(ratio.get(figure, "")))
-            out.append((name, figure, _cell(value), *extra, target.text() if target else "", met))
+            text = target.text() if target else ""
+            out.append((name, figure, _cell(value), runs, *extra, text, met))
     return out
 
 
@@ -207,10 +210,8 @@ def table(lines: list[Line]) -> str:
 METHOD = """\
 Each workload runs on a fresh database of the server named below, with real worker and web
 processes (`python -m jobq worker`, `serve`, `run`); each figure is the median of its runs (the
-runs column), and what each figure times, with how many jobs or samples, is in the docstring of
-its module in `bench/` (`bench/queue_bench.py`, `bench/http_bench.py`, `bench/fleet_bench.py`,
-...). The machine was shared with other work while it ran, so figures move by 10% or more from
-one run to the next."""
+runs column). What one run of each workload does is below; what each figure times exactly is in
+the docstring of its module in `bench/`."""
 
 BASELINE_METHOD = """\
 The baseline ran the same workloads at revision `{rev}`, in a git worktree with its own
@@ -222,20 +223,29 @@ def markdown(lines: list[Line], command: str, machine: dict[str, Any]) -> str:
     """`docs/benchmarks.md`: the method, the machine, and the table of `lines`."""
     table_rows = rows(lines)
     rev = next((line["baseline_rev"] for line in lines if "baseline_rev" in line), None)
-    method = METHOD + ("\n\n" + BASELINE_METHOD.format(rev=rev) if rev else "")
-    postgresql = machine.get("postgresql", "?")
-    memory = machine.get("memory_gib", "?")
     parts = [
         "# Benchmarks",
         "",
         f"This page is written by `{command}`; running it again replaces it.",
         "",
-        method,
+        METHOD,
         "",
-        f"- CPU: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores",
-        f"- memory: {memory} GiB",
-        f"- PostgreSQL {postgresql} (synchronous_commit {machine.get('synchronous_commit', '?')})",
-        f"- Python {machine.get('python', '?')}",
+    ]
+    for bench in dict.fromkeys(line["bench"] for line in lines):
+        spec = WORKLOADS.get(bench)
+        if spec is not None and spec.about:
+            parts.append(f"- `{bench}`: {spec.about}.")
+    if rev is not None:
+        parts += ["", BASELINE_METHOD.format(rev=rev)]
+    parts += [
+        "",
+        "The machine, shared with other work while this ran (figures move by 10% or more from"
+        " one run to the next):",
+        "",
+        f"- CPU: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores;"
+        f" memory: {machine.get('memory_gib', '?')} GiB",
+        f"- PostgreSQL {machine.get('postgresql', '?')}, synchronous_commit"
+        f" {machine.get('synchronous_commit', '?')}; Python {machine.get('python', '?')}",
         f"- date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
         "",
         "| " + " | ".join(table_rows[0]) + " |",
