@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,9 +200,15 @@ async def compare(
             for side, tree in (("current", here), ("baseline", baseline)):
                 if side == "baseline" and absent:
                     continue
-                print(f"bench: {name} round {n}/{rounds[name]}: {tree.label}", file=sys.stderr)
                 log = log_dir / f"{name}-{side}-round{n}.log"
+                started = time.monotonic()
                 lines = await run_bench(tree, name, dsn, log)
+                took = time.monotonic() - started
+                print(
+                    f"bench: {name} round {n}/{rounds[name]} at {tree.label} ({took:.1f} s):"
+                    f" {[figures_of(line) for line in lines]}",
+                    file=sys.stderr,
+                )
                 for line in lines:
                     if "error" in line:
                         errors[side] = str(line["error"])

@@ -20,8 +20,10 @@ import sys
 
 import psutil  # type: ignore[import-untyped]
 
-STOP_WAIT_S = 15.0
-"""How long `stop_all` waits after the stop signals before it SIGKILLs."""
+STOP_WAIT_S = 60.0
+"""How long `stop_all` waits after the stop signals before it SIGKILLs: a benchmark's own
+clean-up (its workers' drains, its database dropped, the fleet's server stopped) on a busy
+machine."""
 
 _tracked: list[tuple[subprocess.Popen[bytes], signal.Signals]] = []
 

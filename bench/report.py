@@ -239,8 +239,8 @@ def markdown(lines: list[Line], command: str, machine: dict[str, Any]) -> str:
         parts += ["", BASELINE_METHOD.format(rev=rev)]
     parts += [
         "",
-        "The machine, shared with other work while this ran (figures move by 10% or more from"
-        " one run to the next):",
+        "The machine (figures move from one run to the next, by 10% or more when other work"
+        " shares it):",
         "",
         f"- CPU: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores;"
         f" memory: {machine.get('memory_gib', '?')} GiB",
