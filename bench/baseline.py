@@ -107,7 +107,7 @@ def _venv(path: Path, root: Path) -> str:
     print(f"bench: making a venv for the baseline in {path}", file=sys.stderr)
     subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)  # noqa: S603
     python = str(path / "bin" / "python")
-    pip = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    pip = [python, "-m", "pip", "install", "--quiet", "--quiet", "--disable-pip-version-check"]
     subprocess.run([*pip, "-e", f"{root}[dev]"], check=True)  # noqa: S603
     return python
 
