@@ -6,8 +6,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
+DOCS_INSTALLED := $(VENV)/.docs-installed
 
-.PHONY: help run test chaos bench bench-all lint format worker migrate db-stop clean
+.PHONY: help run test chaos bench bench-all lint docs format worker migrate db-stop clean
 
 help: ## Show the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-9s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -37,6 +38,14 @@ lint: $(INSTALLED) ## ruff check, ruff format --check, mypy --strict
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+$(DOCS_INSTALLED): pyproject.toml $(INSTALLED)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[docs]'
+	@touch $@
+
+docs: $(DOCS_INSTALLED) ## Build the manual into site/ (reference pages from the code; a broken link fails)
+	$(BIN)/python docs/gen_reference.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 format: $(INSTALLED) ## Format the code and apply safe lint fixes
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
@@ -44,7 +53,7 @@ format: $(INSTALLED) ## Format the code and apply safe lint fixes
 worker: $(INSTALLED) ## Run a worker process alone (run as many as you like)
 	$(BIN)/python -m jobq worker
 
-migrate: $(INSTALLED) ## Apply the SQL migrations in sql/
+migrate: $(INSTALLED) ## Apply the SQL migrations in sql/migrations/ and re-create sql/functions/
 	$(BIN)/python -m jobq migrate
 
 db-stop: $(INSTALLED) ## Stop the embedded PostgreSQL (its data stays in .pgdata/)

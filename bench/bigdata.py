@@ -6,7 +6,7 @@ made by the server itself (`generate_series`, one statement per chunk), not row 
 distinct arguments (so the dedup index takes them all); its indexes (all but the primary key)
 are dropped first and built again at the end. `fill_finished` puts succeeded jobs in
 `job_done`, finished over the `days` days before `now`, each day in a partition of its own as
-the pruner would have made it (`jobq.queue.maintenance.partition_name`). Both run `ANALYZE`
+the pruner would have made it (`jobq.queue.leader.prune.partition_name`). Both run `ANALYZE`
 at the end, as autovacuum would soon after, so plans are those of a settled database. About
 1 million rows per 5-10 s on a 2-core machine.
 """
@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 
 from bench.context import Context
 from jobq.db import Connection
-from jobq.queue.maintenance import partition_name
+from jobq.queue.leader.prune import partition_name
 
 CHUNK = 1_000_000
 """Rows per INSERT: one transaction each, so a fill never holds one huge transaction."""

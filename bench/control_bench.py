@@ -43,7 +43,7 @@ from bench.queue_bench import RAW_JOBS, _worker_drain
 from jobq import clock
 from jobq.queue import Job, enqueue
 from jobq.queue.control import JobState, await_end, cancel, waiters
-from jobq.queue.maintenance import partition_name, prune_finished
+from jobq.queue.leader.prune import partition_name, prune_finished
 from tests.toolkit.procs import eventually, registered
 
 CANCELS = 100

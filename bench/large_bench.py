@@ -17,9 +17,9 @@ What is timed, exactly:
   the enqueue's commit.
 - `snapshot_ms`: the depth snapshot that one worker takes every few seconds (and then waits 20
   times as long): the one count over `job`, per queue and job type.
-- `stats_ms` and `check_ms`: `jobq.queue.store.stats` (what `GET /jobs/stats` reads) and
+- `stats_ms` and `check_ms`: `jobq.queue.metrics.stats` (what `GET /jobs/stats` reads) and
   `jobq.check.check` (`python -m jobq check`), once each, after that snapshot: past
-  `store.LIVE_COUNT_MAX` queued jobs both read its counts rather than count `job`.
+  `metrics.LIVE_COUNT_MAX` queued jobs both read its counts rather than count `job`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from bench.context import Context, Figures
 from bench.loadgen import percentile
 from bench.queue_bench import pickups
 from jobq import check, clock, db
-from jobq.queue import Job, enqueue, metrics, sql, store
+from jobq.queue import Job, enqueue, metrics, sql
+from jobq.queue.leader.depth import take_depth_snapshot
 
 SCHEDULED = 10_000_000
 BACKLOG = 100_000
@@ -62,7 +63,7 @@ async def large_queue(ctx: Context) -> list[Figures]:
         await conn.execute("TRUNCATE bench_event, job_running, job_depth, job_type_depth")
     async with ctx.jobq_database() as database:  # as the elected worker does every few seconds
         started = time.perf_counter()
-        await metrics.take_depth_snapshot(
+        await take_depth_snapshot(
             database, now=clock.now(), interval=timedelta(0), retention=timedelta(days=7)
         )
         figures["snapshot_ms"] = _ms(time.perf_counter() - started)
@@ -71,7 +72,7 @@ async def large_queue(ctx: Context) -> list[Figures]:
         figures.update(_summary("claim", await _claims(conn, "bench_backlog")))
         figures.update(_summary("idle_claim", await _claims(conn, "default")))
         started = time.perf_counter()
-        await store.stats(conn, now=clock.now())
+        await metrics.stats(conn, now=clock.now())
         figures["stats_ms"] = _ms(time.perf_counter() - started)
         started = time.perf_counter()
         await check.check(conn, now=clock.now(), heartbeat_grace=timedelta(seconds=15))
@@ -104,8 +105,6 @@ async def _claims(conn: db.Connection, queue: str) -> list[float]:
                 slots=[16],
                 worker_id=1,
                 lease_expires_at=now + timedelta(seconds=30),
-                capacity=[None],
-                until=[None],
             )
             took.append(time.perf_counter() - started)
         finally:

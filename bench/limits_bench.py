@@ -13,18 +13,15 @@ What is timed, exactly:
   `bench_sleep` jobs (5 s each) on `bench_slow` keep its 2 slots busy, then 500 `bench_stamp`
   jobs on `bench_fast`, each enqueued in its own transaction, one every 20 ms. Pickup: as
   `pickup_latency` (the handler's first wall-clock reading minus the producer's after COMMIT).
-- `limits_claim_cpu`: no worker. 20,000 `bench_noop` jobs over 50 keys on each of `bench_free`,
-  `bench_limited` and `bench_granted` (the same limits); one connection with the worker's claim
-  session (`jobq.queue.worker.CLAIM_SESSION`) runs the worker's cycle on each queue in turn,
+- `limits_claim_cpu`: no worker. 20,000 `bench_noop` jobs over 50 keys on each of `bench_free`
+  and `bench_limited`; one connection with the worker's claim session
+  (`jobq.queue.listener.CLAIM_SESSION`) runs the worker's cycle on each queue in turn,
   alternating: record the 16 outcomes of the queue's last claim and claim 16
-  (`store.record_and_claim`, one statement, its own transaction), until all are drained. For
-  `bench_free` the statement of a worker that serves no queue with limits; for `bench_limited`
-  a turn at every claim (no grant asked); for `bench_granted` the claims a worker makes, under
-  the grants its turns give (`jobq.queue.slots.Grants`). `*_cpu_ms`: the mean CPU time of the
-  server's backend per cycle (`/proc/<pid>/schedstat`: the server must run on this machine, as
-  the embedded one does); `extra_cpu_ms` and `granted_extra_cpu_ms` the limited and granted
-  queues' less the free one's. Alternating in one connection puts all under the same load, so
-  this reads steadier than the drains.
+  (`store.record_and_claim`, one statement, its own transaction), until all are drained: for
+  `bench_limited` a turn at every claim. `*_cpu_ms`: the mean CPU time of the server's backend
+  per cycle (`/proc/<pid>/schedstat`: the server must run on this machine, as the embedded one
+  does); `extra_cpu_ms` the limited queue's less the free one's. Alternating in one connection
+  puts both under the same load, so this reads steadier than the drains.
 - `held_back_claim`: no worker. `bench_held` (at most 1 running job per key) holds 100,000
   ripe jobs of key `hot`, older than everything else, whose one slot is taken (a `job_running`
   row of a worker that does not exist), and 5 ripe jobs of 5 other keys. The claim statement
@@ -32,9 +29,9 @@ What is timed, exactly:
   claim session (`CLAIM_SESSION`: its plan made once), each in a transaction rolled back;
   then the 100,000 held jobs are deleted (and vacuumed) and the same is timed again: `empty_*`.
   `*_buffers`: the shared buffers (hit + read) of the claim under `EXPLAIN (ANALYZE,
-  BUFFERS)`, including those its function `job_claimable` reads (PostgreSQL counts the
+  BUFFERS)`, including those its function `job_claim_turns` reads (PostgreSQL counts the
   buffers of a function's statements in its Function Scan); `*function_buffers`: those of
-  `SELECT * FROM job_claimable(...)` alone (not rolled back: it only reads and locks).
+  `SELECT * FROM job_claim_turns(...)` alone, rolled back.
 - `rate_held_claim`: no worker. `bench_rated` (one start a minute) holds 1,000 ripe jobs; one
   claim (`store.record_and_claim`, 16 free slots, on a connection with the worker's claim
   session) takes the minute's one, then `RATED_CLAIMS` more are timed: each finds the rate
@@ -47,7 +44,6 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections import Counter
 from datetime import timedelta
 from typing import Any
 
@@ -59,10 +55,9 @@ from bench.loadgen import percentile
 from jobq import clock, db
 from jobq.db import Connection
 from jobq.queue import Job, enqueue, enqueue_many, sql, store
+from jobq.queue.listener import CLAIM_SESSION
 from jobq.queue.model import Outcome, Verdict
 from jobq.queue.registry import registry
-from jobq.queue.slots import Grants
-from jobq.queue.worker import CLAIM_SESSION
 from tests.toolkit.procs import Proc, check_running, registered
 
 OVERHEAD_JOBS = 20_000
@@ -208,10 +203,10 @@ def _cpu_ns(pid: int) -> int:
 
 
 async def limits_claim_cpu(ctx: Context) -> list[Figures]:
-    """The server's CPU per claim cycle on `bench_free`, on `bench_limited` (a turn at each
-    claim) and on `bench_granted` (claims under grants, as a worker makes them), alternated."""
+    """The server's CPU per claim cycle on `bench_free` and on `bench_limited` (a turn at each
+    claim), alternated."""
     await ctx.database.reset()
-    names = (queues.FREE, queues.LIMITED, queues.GRANTED)
+    names = (queues.FREE, queues.LIMITED)
     now = clock.now()
     async with ctx.connection() as conn:
         await store.declare_queues(conn, [registry.queues()[name] for name in names])
@@ -219,8 +214,6 @@ async def limits_claim_cpu(ctx: Context) -> list[Figures]:
             await conn.execute(FILL_KEYED, NOOP, now, name, OVERHEAD_KEYS, CPU_JOBS)
         await conn.execute("VACUUM ANALYZE job")
     conn = await db.connect(ctx.dsn, server_settings=CLAIM_SESSION)
-    grants = Grants()
-    loop = asyncio.get_running_loop()
     try:
         pid: int = await conn.fetchval("SELECT pg_backend_pid()")
         cpu_ms: dict[str, list[float]] = {name: [] for name in names}
@@ -229,37 +222,28 @@ async def limits_claim_cpu(ctx: Context) -> list[Figures]:
         while left:
             for name in sorted(left):
                 now = clock.now()
-                slots = {name: CPU_SLOTS}
-                sent = loop.time()
-                under = grants.claiming(slots, sent) if name == queues.GRANTED else {}
                 before = _cpu_ns(pid)
                 claimed = await store.record_and_claim(
                     conn,
                     outcomes[name],
                     worker_id=FAKE_WORKER,
-                    max_jobs=slots,
+                    max_jobs={name: CPU_SLOTS},
                     now=now,
                     lease_expires_at=now + timedelta(minutes=5),
-                    limits=name != queues.FREE and not under,  # as a worker claims it
-                    capacity={name: CPU_SLOTS} if name == queues.GRANTED else None,
-                    grants={name: grant.until for name, grant in under.items()},
                 )
                 cpu_ms[name].append((_cpu_ns(pid) - before) / 1e6)
-                grants.claimed(sent, Counter(j.queue for j in claimed.jobs), under, claimed.grants)
                 outcomes[name] = [Outcome(j.token, Verdict.COMPLETE) for j in claimed.jobs]
                 if not claimed.jobs:
                     left.discard(name)
     finally:
         await conn.close()
-    free, limited, granted = (statistics.mean(cpu_ms[name]) for name in names)
+    free, limited = (statistics.mean(cpu_ms[name]) for name in names)
     return [
         {
             "cycles": len(cpu_ms[queues.LIMITED]),
             "free_cpu_ms": round(free, 3),
             "limited_cpu_ms": round(limited, 3),
-            "granted_cpu_ms": round(granted, 3),
             "extra_cpu_ms": round(limited - free, 3),
-            "granted_extra_cpu_ms": round(granted - free, 3),
         }
     ]
 
@@ -341,8 +325,6 @@ async def _claims(conn: Connection) -> dict[str, Any]:
             slots=[1],
             worker_id=FAKE_WORKER + 1,
             lease_expires_at=now + timedelta(minutes=5),
-            capacity=[None],
-            until=[None],
         )
 
     took = []
@@ -351,10 +333,10 @@ async def _claims(conn: Connection) -> dict[str, Any]:
         await transaction.start()
         try:
             started = time.perf_counter()
-            rows = await conn.fetch(sql.job_claim.text, *args())
+            row = await conn.fetchrow(sql.job_claim.text, *args())
             took.append(time.perf_counter() - started)
-            claimed = [r for r in rows if r["id"] is not None]
-            assert len(claimed) == 1, "the claim found no job"
+            assert row is not None
+            assert len(row["jobs"]) == 1, "the claim found no job"
         finally:
             await transaction.rollback()
     transaction = conn.transaction()
@@ -367,15 +349,21 @@ async def _claims(conn: Connection) -> dict[str, Any]:
         await transaction.rollback()
     top = plan[0]["Plan"]  # the connection decodes json
     # the function alone: a Function Scan reads no buffers itself, so these are its statements'
-    alone: Any = await conn.fetchval(
-        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM job_claimable("
-        "ARRAY(SELECT jq FROM job_queue AS jq WHERE jq.name = $1), $2, $3, $4, $5)",
-        queues.HELD,
-        [1],
-        [None],
-        [None],
-        clock.now(),
-    )
+    transaction = conn.transaction()
+    await transaction.start()
+    try:
+        now = clock.now()
+        alone: Any = await conn.fetchval(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM job_claim_turns("
+            "ARRAY(SELECT jq FROM job_queue AS jq WHERE jq.name = $1), $2, $3, $4, $5)",
+            queues.HELD,
+            [1],
+            FAKE_WORKER + 1,
+            now,
+            now + timedelta(minutes=5),
+        )
+    finally:
+        await transaction.rollback()
     scan = alone[0]["Plan"]
     return {
         "function_buffers": scan["Shared Hit Blocks"] + scan["Shared Read Blocks"],

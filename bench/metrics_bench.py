@@ -23,6 +23,7 @@ from bench.loadgen import percentile
 from jobq import clock
 from jobq.db import Connection
 from jobq.queue import metrics
+from jobq.queue.leader.depth import take_depth_snapshot
 from tests.toolkit.procs import free_port, http_ready
 
 QUEUED = 1_000_000
@@ -46,7 +47,7 @@ async def metrics_scrape(ctx: Context) -> list[Figures]:
         await conn.execute("DELETE FROM job_depth")  # no last snapshot: this one is taken
         async with ctx.jobq_database() as database:
             started = time.perf_counter()
-            await metrics.take_depth_snapshot(
+            await take_depth_snapshot(
                 database,
                 now=clock.now(),
                 interval=timedelta(0),

@@ -18,8 +18,9 @@ def _note_stop(_signum: int, _frame: object) -> None:
 
 
 if __name__ == "__main__" and sys.argv[1:2] in (["serve"], ["worker"]):
-    # First thing, before the imports below (0.4 s here): a child stopped while it imports
-    # died of the signal (exit -15 in `make chaos`, a respawned worker stopped at the end).
+    # First thing, before the imports below (they take a while): a child stopped while it
+    # imports (a worker respawned just before the end) would die of the signal (exit -15)
+    # instead of stopping.
     for _sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(_sig, _note_stop)
 
@@ -145,8 +146,8 @@ async def check(settings: Settings, rescue_grace_s: float) -> int:
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:
-    """Run `main` to completion on uvloop (libuv's event loop: about a third less CPU per job
-    than asyncio's own, measured with `make bench`) where it is installed, else on asyncio's."""
+    """Run `main` to completion on uvloop (libuv's event loop: less CPU per job than asyncio's
+    own) where it is installed, else on asyncio's."""
     try:
         import uvloop
     except ImportError:  # not on Windows
@@ -156,17 +157,25 @@ def run(main: Coroutine[Any, Any, T]) -> T:
 
 
 def print_statement(name: str | None) -> int:
-    """Print the queue's statement `name` whole, as PostgreSQL receives it, then its
-    parameters in order; without a (known) name, the names, and return 2."""
-    from jobq.queue import dead, sql
+    """Without `name`, print every statement's name, one per line; with it, print that
+    statement whole (its comment, then its text as written in `sql/queries/`) and its
+    parameters in the order PostgreSQL receives them. An unknown name prints the names to
+    stderr and returns 2."""
+    from jobq.queue import sql
 
-    statements = {n: v for m in (sql, dead) for n, v in vars(m).items() if isinstance(v, sql.Query)}
-    if name not in statements:
-        print("usage: python -m jobq sql NAME\nNAME: " + ", ".join(sorted(statements)))
+    if name is None:
+        print("\n".join(sql.STATEMENTS))
+        return 0
+    query = sql.STATEMENTS.get(name)
+    if query is None:
+        print(
+            f"no statement named {name!r}; one of:\n" + "\n".join(sql.STATEMENTS), file=sys.stderr
+        )
         return 2
-    query = statements[name]
-    print(query.text.strip())
-    print("-- " + ", ".join(f"${i} {param}" for i, param in enumerate(query.params, 1)))
+    if query.doc:
+        print("\n".join(f"-- {line}".rstrip() for line in query.doc.splitlines()))
+    print(query.source.strip() + ";")
+    print("-- " + ", ".join(f"${i} :{param}" for i, param in enumerate(query.params, 1)))
     return 0
 
 
@@ -244,14 +253,20 @@ def main(argv: list[str] | None = None) -> int:
         return run(check(settings, args.rescue_grace_s))
     if store_command:
         return run(cli.run(args, settings))
-    if command == "run":
-        code = supervise(settings)
-    elif command == "serve":
-        run(serve(settings, args.fd))
-        code = 0
-    else:
-        run({"worker": work, "migrate": migrate}[command](settings))
-        code = 0
+    from jobq.migrate import PreBaselineDatabase
+
+    try:
+        if command == "run":
+            code = supervise(settings)
+        elif command == "serve":
+            run(serve(settings, args.fd))
+            code = 0
+        else:
+            run({"worker": work, "migrate": migrate}[command](settings))
+            code = 0
+    except PreBaselineDatabase as exc:
+        print(f"jobq: {exc}", file=sys.stderr)
+        return 1
     if settings.database_url is None:
         logging.getLogger("jobq").info("embedded PostgreSQL left running (make db-stop stops it)")
     return code

@@ -15,7 +15,7 @@ are seen at one instant, as the single-statement moves between them leave them:
   than its concurrency limit (`job_queue.max_running`, `max_running_per_key`).
 
 It also counts the jobs per state and the workers alive or dead (the queued jobs as the last
-depth snapshot counted them once `job` holds more than `store.LIVE_COUNT_MAX`: counting ten
+depth snapshot counted them once `job` holds more than `metrics.LIVE_COUNT_MAX`: counting ten
 million rows would take seconds; every invariant is still checked whole, through indexes). The
 command prints the report as JSON and exits 1 when an invariant fails, 0 otherwise.
 """
@@ -28,7 +28,7 @@ import asyncpg
 from pydantic import AwareDatetime, BaseModel
 
 from jobq.db import Connection
-from jobq.queue import sql, store
+from jobq.queue import metrics, sql
 
 RESCUE_GRACE = timedelta(seconds=60)
 """Default: how long a running job of a dead or hung worker may wait for its rescue."""
@@ -49,7 +49,7 @@ class StateCounts(BaseModel):
     workers_dead: int
     queued_counted_at: AwareDatetime | None
     """None: the queued jobs were counted in the check's snapshot; else `job` holds more than
-    `store.LIVE_COUNT_MAX` jobs and they are as the last depth snapshot counted them, at this
+    `metrics.LIVE_COUNT_MAX` jobs and they are as the last depth snapshot counted them, at this
     time."""
 
 
@@ -87,7 +87,7 @@ async def check(
     Raises: `asyncpg.PostgresError` (e.g. an unmigrated database).
     """
     async with conn.transaction(isolation="repeatable_read", readonly=True):
-        counted_at = await store.snapshot_counts(conn)
+        counted_at = await metrics.snapshot_counts(conn)
         counts = await sql.check_counts.fetchrow(
             conn, now=now, heartbeat_grace=heartbeat_grace, counted=counted_at is not None
         )

@@ -144,14 +144,16 @@ class Settings(BaseSettings):
     heartbeat_interval: Seconds = Field(
         default=timedelta(seconds=5), validation_alias=_env("HEARTBEAT_INTERVAL_S")
     )
-    """How often a worker extends its leases and checks its listener."""
+    """How often a worker extends its leases, takes or renews the lead (`jobq.queue.leader`)
+    and checks its listener."""
     rescue_interval: Seconds = Field(
         default=timedelta(seconds=1), validation_alias=_env("RESCUE_INTERVAL_S")
     )
+    """How often the leader returns the jobs of dead or hung workers to the queue."""
     schedule_interval: Seconds = Field(
         default=timedelta(seconds=1), validation_alias=_env("SCHEDULE_INTERVAL_S")
     )
-    """How often each worker enqueues the schedules' coming occurrences (10 s ahead)."""
+    """How often the leader enqueues the schedules' coming occurrences (10 s ahead)."""
     drain_timeout: Seconds = Field(
         default=timedelta(seconds=10), validation_alias=_env("DRAIN_TIMEOUT_S")
     )
@@ -165,7 +167,7 @@ class Settings(BaseSettings):
     prune_interval: Seconds = Field(
         default=timedelta(minutes=1), validation_alias=_env("PRUNE_INTERVAL_S")
     )
-    """How often a worker prunes finished jobs past the retention (one worker at a time)."""
+    """How often the leader prunes finished jobs past the retention."""
     max_result_bytes: int = Field(
         default=64 * 1024, ge=0, validation_alias=_env("MAX_RESULT_BYTES")
     )
@@ -248,12 +250,12 @@ class Settings(BaseSettings):
     )
     """How often a process adds its job counts and timings to the database's (only when it has
     some): the lag of `/metrics` behind the events (`jobq.queue.metrics`). Each busy process
-    flushes once per interval: with 50 workers, 1 s cost the database 50 commits a second
-    (`make bench`, `fleet`); 5 s is still three times a typical scrape's rate."""
+    flushes once per interval, so the database commits a flush per busy process per interval;
+    5 s is still three times a typical scrape's rate."""
     metrics_snapshot_interval: Seconds = Field(
         default=timedelta(seconds=5), validation_alias=_env("METRICS_SNAPSHOT_INTERVAL_S")
     )
-    """How often one worker (whichever takes the lock) counts the queue depths for `/metrics`."""
+    """How often the leader counts the queue depths for `/metrics` (`jobq.queue.leader.depth`)."""
 
     @field_validator(
         "reminder_host_rate_period", "metrics_flush_interval", "metrics_snapshot_interval"

@@ -1,4 +1,5 @@
-"""Numbered plain-SQL migrations from `sql/`, each applied once, under an advisory lock."""
+"""The schema: numbered plain-SQL migrations from `sql/migrations/`, each applied once, then every
+function of `sql/functions/` re-created; all under an advisory lock (sql/README.md)."""
 
 from __future__ import annotations
 
@@ -9,23 +10,39 @@ from pathlib import Path
 from jobq import embedded
 from jobq.config import PROJECT_ROOT, Settings
 from jobq.db import Connection, connect, session_dsn
+from jobq.errors import JobqError
 
 log = logging.getLogger(__name__)
 
 SQL_DIR = PROJECT_ROOT / "sql"
+MIGRATIONS_DIR = SQL_DIR / "migrations"
+FUNCTIONS_DIR = SQL_DIR / "functions"
 MIGRATION_LOCK = (1785684593, 0)
 """Advisory lock key (classid 'jobq', objid 0) held while migrating."""
+
+BASELINE = "001_baseline.sql"
+"""The first migration: the schema as it stood when the 18 earlier migrations were squashed."""
 
 _NAME = re.compile(r"^(\d+)_[\w-]+\.sql$")
 
 
-def migration_files(sql_dir: Path = SQL_DIR) -> list[tuple[int, Path]]:
-    """Return `(version, path)` of every `NNN_name.sql` in `sql_dir`, by version.
+class PreBaselineDatabase(JobqError):
+    """The database's `schema_migrations` names migrations from before the baseline."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "this database was built by a jobq from before the baseline; recreate it"
+            " (make db-stop && rm -rf .pgdata, or drop the database)"
+        )
+
+
+def migration_files(migrations_dir: Path = MIGRATIONS_DIR) -> list[tuple[int, Path]]:
+    """Return `(version, path)` of every `NNN_name.sql` in `migrations_dir`, by version.
 
     Raises: `ValueError` when two files share a version.
     """
     found: dict[int, Path] = {}
-    for path in sorted(sql_dir.glob("*.sql")):
+    for path in sorted(migrations_dir.glob("*.sql")):
         match = _NAME.match(path.name)
         if match is None:
             continue
@@ -36,10 +53,15 @@ def migration_files(sql_dir: Path = SQL_DIR) -> list[tuple[int, Path]]:
     return sorted(found.items())
 
 
+def function_files(functions_dir: Path = FUNCTIONS_DIR) -> list[Path]:
+    """Return every `<name>.sql` in `functions_dir`, by name."""
+    return sorted(functions_dir.glob("*.sql"))
+
+
 async def prepare(settings: Settings) -> str:
     """Resolve the DSN (starting the embedded server when `DATABASE_URL` is unset), apply the
     migrations (over `JOBQ_DIRECT_DATABASE_URL` when set: the lock needs a session of its own),
-    and return the DSN. Raises: `OSError` / `asyncpg.PostgresError`."""
+    and return the DSN. Raises: `OSError` / `asyncpg.PostgresError` / `PreBaselineDatabase`."""
     dsn = await embedded.resolve_dsn(settings)
     conn = await connect(session_dsn(settings, dsn))
     try:
@@ -49,11 +71,19 @@ async def prepare(settings: Settings) -> str:
     return dsn
 
 
-async def migrate(conn: Connection, sql_dir: Path = SQL_DIR) -> list[int]:
-    """Apply the migrations not yet recorded in `schema_migrations`; return their versions.
+async def migrate(
+    conn: Connection, migrations_dir: Path = MIGRATIONS_DIR, functions_dir: Path = FUNCTIONS_DIR
+) -> list[int]:
+    """Apply the migrations not yet recorded in `schema_migrations`, then re-create every
+    function; return the versions applied.
 
     Two processes starting together are serialised by a session advisory lock; each
-    migration runs in its own transaction with its record.
+    migration runs in its own transaction with its record, and the functions in one more
+    (`CREATE OR REPLACE`, as Flyway's repeatable migrations; bodies are checked when called,
+    so their files need no order).
+
+    Raises: `PreBaselineDatabase` when `schema_migrations` names a migration from before the
+    baseline.
     """
     await conn.execute("SELECT pg_advisory_lock($1, $2)", *MIGRATION_LOCK)
     try:
@@ -63,9 +93,12 @@ async def migrate(conn: Connection, sql_dir: Path = SQL_DIR) -> list[int]:
             " name text NOT NULL,"
             " applied_at timestamptz NOT NULL DEFAULT now())"
         )
-        applied = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+        recorded = await conn.fetch("SELECT version, name FROM schema_migrations")
+        if any(r["version"] == 1 and r["name"] != BASELINE for r in recorded):
+            raise PreBaselineDatabase()
+        applied = {r["version"] for r in recorded}
         done = []
-        for version, path in migration_files(sql_dir):
+        for version, path in migration_files(migrations_dir):
             if version in applied:
                 continue
             async with conn.transaction():
@@ -77,6 +110,10 @@ async def migrate(conn: Connection, sql_dir: Path = SQL_DIR) -> list[int]:
                 )
             log.info("applied migration %s", path.name)
             done.append(version)
+        async with conn.transaction():
+            await conn.execute("SET LOCAL check_function_bodies = off")
+            for path in function_files(functions_dir):
+                await conn.execute(path.read_text())
         return done
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1, $2)", *MIGRATION_LOCK)

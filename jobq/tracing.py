@@ -19,12 +19,15 @@ environment variables); until one is set, `active()` is False and nothing is wri
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
-from jobq.db import Connection
+from jobq.db import Connection, Database
 from jobq.queue import sql
+
+log = logging.getLogger("jobq.worker")
 
 try:
     from opentelemetry import trace
@@ -66,12 +69,18 @@ async def remember(conn: Connection, job_ids: Sequence[int], *, now: datetime) -
         )
 
 
-async def recall(conn: Connection, job_ids: Sequence[int]) -> dict[int, str]:
-    """Return the stored `traceparent` of each of `job_ids` that has one (none when tracing
-    is off: no query then)."""
+async def recall(database: Database, job_ids: Sequence[int]) -> dict[int, str]:
+    """Return the stored `traceparent` of each of `job_ids` that has one: none when tracing
+    is off (no query then), or when they cannot be read (logged; the jobs then run in spans of
+    their own)."""
     if not job_ids or not active():
         return {}
-    rows = await sql.job_trace_of.fetch(conn, job_ids=list(job_ids))
+    try:
+        async with database.pool.acquire() as conn:
+            rows = await sql.job_trace_of.fetch(conn, job_ids=list(job_ids))
+    except Exception as exc:
+        log.warning("could not read trace contexts (%s: %s)", type(exc).__name__, exc)
+        return {}
     return {r["job_id"]: r["traceparent"] for r in rows}
 
 

@@ -18,7 +18,8 @@ from jobq import clock
 from jobq.check import CheckReport, check
 from jobq.db import Connection, Database
 from jobq.errors import DontRetry
-from jobq.queue import Job, JobContext, Registry, Worker, enqueue, metrics, store
+from jobq.queue import Job, JobContext, Registry, Worker, enqueue, metrics
+from jobq.queue.leader.depth import take_depth_snapshot
 from tests.toolkit.procs import jobq_check
 
 MakeWorker = Callable[..., Awaitable[Worker]]
@@ -163,15 +164,13 @@ async def test_past_the_live_count_the_queued_jobs_are_the_depth_snapshots(
     """A queue of ten million jobs would take seconds to count: past `LIVE_COUNT_MAX` queued
     jobs the check reports the last depth snapshot's counts and its time (with none yet, it
     counts); the invariants are still checked whole."""
-    monkeypatch.setattr(store, "LIVE_COUNT_MAX", 2)
+    monkeypatch.setattr(metrics, "LIVE_COUNT_MAX", 2)
     for n in range(3):
         await enqueue(Job(job_type="check.many", arguments={"n": n}))
     counted = await run_check(conn)  # no snapshot yet
     assert (counted.counts.queued_ripe, counted.counts.queued_counted_at) == (3, None)
     at = clock.now()
-    await metrics.take_depth_snapshot(
-        database, now=at, interval=timedelta(0), retention=timedelta(days=7)
-    )
+    await take_depth_snapshot(database, now=at, interval=timedelta(0), retention=timedelta(days=7))
     await enqueue(Job(job_type="check.many", arguments={"n": 3}))
     await enqueue(Job(job_type="check.many", arguments={"n": 4}).runs_in(hours=1))
     await insert_job(conn, 99, attempts=3, retries=2)  # past its last attempt

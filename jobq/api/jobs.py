@@ -8,7 +8,7 @@ from quart_schema import validate_response
 
 from jobq import clock, db
 from jobq.db import read_transaction
-from jobq.queue import store
+from jobq.queue import metrics
 
 bp = Blueprint("jobs", __name__)
 
@@ -63,9 +63,9 @@ async def job_stats() -> Stats:
     """Queued (ripe and scheduled), running and dead jobs per job type; the age of the oldest
     open transaction and the queue tables' live and dead tuples (a pinned vacuum horizon)."""
     now = clock.now()
-    counted, counted_at = await store.stats(db.conn(), now=now)
+    counted, counted_at = await metrics.stats(db.conn(), now=now)
     rows = [JobTypeStats.model_validate(r) for r in counted]
-    vacuum = VacuumStats.model_validate(await store.vacuum_stats(db.conn(), now=now))
+    vacuum = VacuumStats.model_validate(await metrics.vacuum_stats(db.conn(), now=now))
     totals = JobTypeStats(
         job_type="*",
         ripe=sum(r.ripe for r in rows),

@@ -21,7 +21,7 @@ conflict (the job's state forbids it: cancel a finished job, retry a job that is
 whose identical twin is queued; `dead retry --all` when it left some for that reason).
 
 Each change is one short transaction through the engine's own verbs (`jobq.queue.control`,
-`.dead`, `.store`, `.maintenance`), and the admin actions are logged on `jobq.audit` like the
+`.dead`, `.store`, `.leader.prune`), and the admin actions are logged on `jobq.audit` like the
 HTTP ones, with `actor=cli:<user>`.
 """
 

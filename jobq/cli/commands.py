@@ -20,8 +20,9 @@ from jobq.cli.tables import cell, table, to_json, utc
 from jobq.config import Settings
 from jobq.db import Database
 from jobq.errors import Conflict, NotFound
-from jobq.queue import dead, maintenance, sql, store
+from jobq.queue import dead, metrics, sql, store
 from jobq.queue.control import JobState, cancel, find, list_jobs
+from jobq.queue.leader.prune import BY_DAY, prune_finished
 from jobq.queue.model import Job
 from jobq.queue.schedule import read_schedules
 
@@ -207,7 +208,7 @@ async def dead_retry(args: argparse.Namespace, settings: Settings) -> int:
         return await retry_one(args, any_job=False)
     database = db.current_database()
     async with database.pool.acquire() as conn:
-        rows, _ = await store.stats(conn, now=clock.now())
+        rows, _ = await metrics.stats(conn, now=clock.now())
         total = sum(r["dead"] for r in rows)
     retried, gone = 0, 0
     twins: list[int] = []
@@ -316,13 +317,13 @@ async def day_partitions(database: Database) -> set[str]:
     async with database.pool.acquire() as conn:
         return {
             r["relname"]
-            for table in maintenance.BY_DAY
+            for table in BY_DAY
             for r in await sql.job_day_partitions.fetch(conn, parent=table)
         }
 
 
 async def prune(args: argparse.Namespace, settings: Settings) -> int:
-    """One round of retention (`maintenance.prune_finished`), as a worker's pruner does, with
+    """One round of retention (`prune_finished`), as the leader's pruner does, with
     `--retention-s` or the settings' retention; its elapsed time on stderr every second."""
     database = db.current_database()
     retention = (
@@ -332,7 +333,7 @@ async def prune(args: argparse.Namespace, settings: Settings) -> int:
     before = await day_partitions(database)
     print(f"pruning jobs finished before {utc(now - retention)}", file=sys.stderr, flush=True)
     started = time.monotonic()
-    task = asyncio.create_task(maintenance.prune_finished(database, now=now, retention=retention))
+    task = asyncio.create_task(prune_finished(database, now=now, retention=retention))
     while not task.done():
         await asyncio.wait([task], timeout=PROGRESS_EVERY_S)
         if not task.done():
@@ -358,8 +359,8 @@ async def stats(args: argparse.Namespace, settings: Settings) -> int:
     """Counts per job type and the vacuum figures, as `GET /jobs/stats` gives them."""
     async with db.transaction(readonly=True) as conn:
         now = clock.now()
-        rows, counted_at = await store.stats(conn, now=now)
-        vacuum = await store.vacuum_stats(conn, now=now)
+        rows, counted_at = await metrics.stats(conn, now=now)
+        vacuum = await metrics.vacuum_stats(conn, now=now)
     counts = ("ripe", "scheduled", "running", "dead")
     totals = {"job_type": "*", **{c: sum(r[c] for r in rows) for c in counts}}
     oldest = vacuum["oldest_transaction_s"]

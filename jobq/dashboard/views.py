@@ -27,7 +27,7 @@ from jobq.config import Settings
 from jobq.dashboard import format, session
 from jobq.dashboard.format import FILTERS
 from jobq.errors import Conflict, NotFound
-from jobq.queue import control, dead, schedule, store
+from jobq.queue import control, dead, metrics, schedule, store
 from jobq.queue.control import JobState
 
 bp = Blueprint(
@@ -52,7 +52,7 @@ RATE_WINDOW_S = 60.0
 """Rates are averaged over the readings of the last minute (at least `MIN_RATE_SPAN_S`)."""
 MIN_RATE_SPAN_S = 1.0
 
-MAX_DEPTH = store.LIVE_COUNT_MAX
+MAX_DEPTH = metrics.LIVE_COUNT_MAX
 """The overview counts a queue's ripe and scheduled jobs up to this many (then says "more
 than"): counting a million queued jobs takes a quarter of a second, every refresh."""
 
@@ -156,7 +156,7 @@ async def logout() -> Response:
 
 
 Counts = dict[str, dict[str, int]]
-"""Cumulative event counts: `{queue: {event: count}}` (`store.event_counts`)."""
+"""Cumulative event counts: `{queue: {event: count}}` (`metrics.event_counts`)."""
 
 
 def rates(
@@ -200,11 +200,11 @@ async def overview() -> Response:
     now = clock.now()
     async with db.transaction(readonly=True) as conn:
         queues = await store.list_queues(conn, now=now, max_count=MAX_DEPTH + 1)
-        counts = await store.event_counts(conn)
+        counts = await metrics.event_counts(conn)
         workers = await dead.list_workers(conn, now=now, heartbeat_grace=settings.heartbeat_grace)
         schedules = await schedule.read_schedules(conn)
-        vacuum = await store.vacuum_stats(conn, now=now)
-        tables = await store.table_stats(conn)
+        vacuum = await metrics.vacuum_stats(conn, now=now)
+        tables = await metrics.table_stats(conn)
     for s in schedules:
         s["occurrences"] = schedule.next_occurrences(s, NEXT_OCCURRENCES)
     return await _page(

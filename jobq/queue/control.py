@@ -27,7 +27,7 @@ from pydantic import AwareDatetime, BaseModel, Field
 from jobq import clock, db
 from jobq.db import Connection, Database, current_database
 from jobq.errors import Conflict, JobqError, NotFound
-from jobq.queue import metrics, sql, store
+from jobq.queue import metrics, sql, wakeup
 from jobq.queue.notify import DONE_CHANNEL
 
 log = logging.getLogger("jobq.control")
@@ -274,7 +274,7 @@ async def _mark_awaited(database: Database, job_id: int) -> JobView:
             if job is not None and (marked or job.state.finished):
                 if marked and job.state in (JobState.QUEUED, JobState.SCHEDULED):
                     # a claim that met the row while it was being marked skipped it: wake them
-                    store.wake_workers(database)
+                    wakeup.wake_workers(database)
                 return job
             # elsewhere, or moved after the mark's snapshot: look again
     raise NotFound("no such job", job_id=job_id)

@@ -1,7 +1,7 @@
 """Running one claimed job: validate its arguments, call its handler (on the event loop, or in
-the thread pool for a plain `def`) under its timeout, and hand its outcome — complete, retry
-with backoff, or the dead letter — to the worker's `Acker`, which records it fenced by the job's
-token.
+the thread pool for a plain `def`) under its timeout, and report its outcome — complete, retry
+with backoff, or the dead letter — to the worker's recorder (`jobq.queue.completer`), which
+records it fenced by the job's token.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from jobq.config import Settings
 from jobq.errors import DontRetry, Snooze
 from jobq.logs import bind_job
 from jobq.queue import metrics
-from jobq.queue.acker import Acker
 from jobq.queue.backoff import Backoff
 from jobq.queue.model import ClaimedJob, JobContext, Outcome, Verdict
 from jobq.queue.registry import Registry
@@ -102,20 +101,21 @@ class _TimedOut(Exception):
 
 
 class Executor:
-    """Runs the claimed jobs of one worker; their outcomes go to `acker`. A hard stop
-    cancels what can be cancelled with `cancel_handlers`."""
+    """Runs the claimed jobs of one worker; each attempt's outcome goes to `report(job,
+    outcome)` (`Completer.report`). A hard stop cancels what can be cancelled with
+    `cancel_handlers`."""
 
     def __init__(
         self,
         settings: Settings,
         handlers: Registry,
         state: dict[str, Any],
-        acker: Acker,
+        report: Callable[[ClaimedJob, Outcome], None],
     ) -> None:
         self.settings = settings
         self.handlers = handlers
         self.state = state
-        self.acker = acker
+        self._report = report
         self._in_handler: set[asyncio.Task[Any]] = set()
         """The tasks a hard stop may cancel: an async handler running, or a sync one still
         waiting for a thread."""
@@ -170,7 +170,7 @@ class Executor:
     async def execute(
         self, job: ClaimedJob, *, traced: bool = False, traceparent: str | None = None
     ) -> None:
-        """Run one attempt of a claimed job and hand its outcome to the acker.
+        """Run one attempt of a claimed job and report its outcome (`report`).
 
         Cancelled (by `Worker.abort`, while an async handler runs or a sync one waits for a
         thread, or by `cancel`): the job is released, ripe now, with no attempt charged (a
@@ -194,7 +194,7 @@ class Executor:
             try:
                 verdict, error, detail = await self._attempt(job)
             except asyncio.CancelledError:
-                self.acker.add(job, Outcome(job.token, Verdict.RELEASE))
+                self._report(job, Outcome(job.token, Verdict.RELEASE))
                 raise
             finally:
                 attempt = self._attempts.pop(job.id, None)
@@ -231,7 +231,7 @@ class Executor:
             outcome = Outcome(
                 job.token, Verdict.BURY, error=error, traceback=_text(detail), cancelled=cancelled
             )
-        self.acker.add(job, outcome)
+        self._report(job, outcome)
 
     async def _attempt(self, job: ClaimedJob) -> Attempt:
         if job.id in self._cancel_asked:

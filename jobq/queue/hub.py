@@ -3,8 +3,8 @@ and wakes as many of them as there is work for.
 
 Why: PostgreSQL signals every backend that LISTENs in a database at each notification, and
 each one runs a transaction to read it, whatever its channels; and every woken worker runs a
-claim. With 50 workers, one enqueue cost 50 notification reads and up to 50 claims
-(`make bench`, `fleet`; DESIGN.md guarantee 15).
+claim. With a LISTEN per worker, one enqueue costs as many notification reads as there are
+workers, and up to as many claims; with a hub, one read per host (DESIGN.md guarantee 15).
 
 How: the workers of one host and database talk over Linux abstract Unix datagram sockets (no
 file to clean up; private to the network namespace, so a container is a host of its own).
@@ -16,7 +16,7 @@ datagram are checked, `SO_PASSCRED`):
 - follower to hub: `i <queues>` (idle: it has free slots in these queues, comma-separated,
   and its last claim found nothing more there; said again at the end of each of its polls),
   `m <queues>` (more: its claim filled its slots in these queues, whose jobs keep them taken,
-  `jobq.queue.worker.SLOW_JOB_S`; or it was woken with no room to claim in them, so
+  `jobq.queue.wakeup.SLOW_JOB_S`; or it was woken with no room to claim in them, so
   jobs may be ripe there for another worker), `h` (hello, at each heartbeat, so that the hub
   knows every follower).
 - hub to follower: `w` (wake up and claim), `c <id>` (job `id` was cancelled), `a` (the
@@ -38,8 +38,7 @@ its next word, a hello at the latest, each heartbeat) binds it and becomes the h
 lives but does not answer a hello by the next one (its event loop is stuck) leaves its
 followers to LISTEN for themselves, as without a hub, until it answers again. Until then, and
 for a wake-up lost in a full socket buffer, the polls are the safety net, as for a lost
-notification. Elsewhere than on Linux
-there is no hub: every worker LISTENs for itself, as before.
+notification. Elsewhere than on Linux there is no hub: every worker LISTENs for itself.
 """
 
 from __future__ import annotations
@@ -183,7 +182,7 @@ class Hub:
     def polled(self, room: list[str]) -> None:
         """The hub's own poll, which claims in the queues it has `room` in: wake idle
         followers for the other queues some of them have room in (a follower's own poll claims
-        nothing while its hub answers, `jobq.queue.worker.FOLLOWER_POLLS`)."""
+        nothing while its hub answers, `jobq.queue.wakeup.FOLLOWER_POLLS`)."""
         self._wake_for(frozenset().union(*self._idle.values()) - set(room), but=None)
 
     def wake_all(self) -> None:

@@ -10,32 +10,29 @@ So the counts are cumulative over every process on every host however many there
 survive restarts: the database adds, and a scrape of any web process reads the sums
 (`jobq.api.metrics`). A process killed hard loses at most its last second of counts.
 
-The queue depths need counting a big table, so they are not counted at scrape time: the
-`depth_snapshot` service of every worker offers every few seconds, and the one that wins a
-transaction-level advisory lock (while the last snapshot is stale) counts into `job_depth`;
-a count that took long makes the next one wait 20 times as long (5% of a core at most).
+The queue depths need counting a big table, so a scrape does not count them: it reads the
+snapshot that the leader takes every few seconds (`jobq.queue.leader.depth`).
+
+What the API, the dashboard and the CLI read: `read` (the scrape), `stats` (jobs per type,
+counted live up to `LIVE_COUNT_MAX` queued jobs, else from the depth snapshot), `vacuum_stats`,
+`table_stats` and `event_counts`.
 """
 
 from __future__ import annotations
 
 import bisect
-import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from jobq import clock
 from jobq.db import Connection, Database, current_transaction
 from jobq.queue import sql
 from jobq.queue.model import ClaimedJob, Outcome, Verdict
+from jobq.queue.service import Service
 
-if TYPE_CHECKING:
-    from jobq.queue.maintenance import Service
-
-# `jobq.queue.store` counts its enqueues here, and `maintenance` imports `store`: this module
-# imports them where it uses them.
+# `jobq.queue.store` counts its enqueues here: this module imports it where it uses it.
 
 EVENTS = ("enqueued", "started", "succeeded", "retried", "failed", "cancelled", "snoozed")
 """The events counted per queue and job type (`job_counter.event`)."""
@@ -217,47 +214,11 @@ async def flush(database: Database, source: Tally | None = None) -> int:
 
 def flusher(database: Database, interval: timedelta) -> Service:
     """The service that `flush`es this process's tally every `interval`."""
-    from jobq.queue.maintenance import Service
 
     async def once() -> int:
         return await flush(database)
 
     return Service("metrics flush", interval, once)
-
-
-async def take_depth_snapshot(
-    database: Database, *, now: datetime, interval: timedelta, retention: timedelta
-) -> int:
-    """Count the queue depths into `job_depth` (`sql.job_depth_take`) if this process wins the
-    metrics lock and the last snapshot is older than half an `interval` and than 20 times the
-    time its count took; then forget the trace contexts (`job_trace`) older than `retention`
-    (and a day), 5,000 at a time. Return how many queues were counted (0: another process did,
-    or will). Raises: `asyncpg.PostgresError`."""
-    async with database.pool.acquire() as conn:
-        async with conn.transaction():
-            if not await sql.job_depth_elect.fetchval(conn, now=now, fresh_for=interval / 2):
-                return 0
-            started = time.perf_counter()
-            status = await sql.job_depth_take.execute(conn, now=now)
-            took_s = time.perf_counter() - started
-            await sql.job_depth_took.execute(conn, took_s=took_s, now=now)
-        cutoff = now - max(retention, timedelta(days=1))
-        while await sql.job_trace_prune.fetchval(conn, cutoff=cutoff, batch=5000) == 5000:
-            pass
-    return int(status.split()[-1])
-
-
-def depth_snapshot(database: Database, interval: timedelta, retention: timedelta) -> Service:
-    """The service that offers to take the depth snapshot every `interval`
-    (`take_depth_snapshot`): with N workers, one of them counts, about once per interval."""
-    from jobq.queue.maintenance import Service
-
-    async def once() -> int:
-        return await take_depth_snapshot(
-            database, now=clock.now(), interval=interval, retention=retention
-        )
-
-    return Service("metrics snapshot", interval, once)
 
 
 # -- what a scrape reads ----------------------------------------------------------------------
@@ -279,10 +240,8 @@ class Reading:
 async def read(conn: Connection, *, now: datetime, heartbeat_grace: timedelta) -> Reading:
     """Read the metrics at `now`: the cumulative counts and histograms, per queue its state,
     depth snapshot and oldest ripe job, the running jobs, the workers alive and the vacuum
-    figures (`jobq.queue.store.vacuum_stats`). Small tables and index probes only: no count
-    over `job`. Raises: `asyncpg.PostgresError`."""
-    from jobq.queue import store
-
+    figures (`vacuum_stats`). Small tables and index probes only: no count over `job`.
+    Raises: `asyncpg.PostgresError`."""
     return Reading(
         now=now,
         counters=[dict(r) for r in await sql.metrics_counters.fetch(conn)],
@@ -292,5 +251,65 @@ async def read(conn: Connection, *, now: datetime, heartbeat_grace: timedelta) -
         workers_alive=await sql.metrics_workers_alive.fetchval(
             conn, now=now, heartbeat_grace=heartbeat_grace
         ),
-        vacuum=await store.vacuum_stats(conn, now=now),
+        vacuum=await vacuum_stats(conn, now=now),
     )
+
+
+LIVE_COUNT_MAX = 100_000
+"""The most queued jobs that the views count live (`stats`, the dashboard's depths): past it,
+counting `job` costs a second per few million jobs, and they read the depth snapshot (or stop
+counting) instead."""
+
+
+async def snapshot_counts(conn: Connection, *, max_count: int | None = None) -> datetime | None:
+    """When the queued jobs are to be read from the last depth snapshot rather than counted: its
+    time (aware UTC) while `job` holds more than `max_count` jobs (None: `LIVE_COUNT_MAX`) and a
+    snapshot exists (`take_depth_snapshot`, every few seconds by one
+    worker); else None, they are counted now (a small queue, or no snapshot yet)."""
+    max_count = LIVE_COUNT_MAX if max_count is None else max_count
+    if not await sql.job_count_over.fetchval(conn, max_count=max_count):
+        return None
+    taken_at: datetime | None = await sql.job_depth_taken_at.fetchval(conn)
+    return taken_at
+
+
+async def stats(
+    conn: Connection, *, now: datetime, max_count: int | None = None
+) -> tuple[list[dict[str, Any]], datetime | None]:
+    """Return per job type (by name) its `ripe` and `scheduled` queued jobs, `running` and
+    `dead`, and when the queued ones were counted: None when counted now, at `now` (aware UTC),
+    else the time of the depth snapshot they come from (`snapshot_counts`, with `max_count`).
+    Running and dead jobs are always counted now."""
+    counted_at = await snapshot_counts(conn, max_count=max_count)
+    if counted_at is not None:
+        return [dict(r) for r in await sql.job_stats_counted.fetch(conn)], counted_at
+    return [dict(r) for r in await sql.job_stats.fetch(conn, now=now)], None
+
+
+async def vacuum_stats(conn: Connection, *, now: datetime) -> dict[str, Any]:
+    """Return what an operator needs to see the vacuum horizon pinned: `oldest_transaction_s`,
+    the age in seconds at `now` of the oldest transaction open in this database other than
+    ours (None when there is none), and `tables`: per queue table (`job`, `job_dead`,
+    `job_running`) `n_live_tup`, `n_dead_tup` and `last_autovacuum_at` (None if never), from
+    `pg_stat_user_tables`, which lags the tables by up to a second or so."""
+    oldest: float | None = await sql.job_stats_oldest_transaction.fetchval(conn, now=now)
+    tables = [dict(r) for r in await sql.job_stats_tables.fetch(conn)]
+    return {"oldest_transaction_s": oldest, "tables": tables}
+
+
+async def table_stats(conn: Connection) -> list[dict[str, Any]]:
+    """Return per queue table (`job`, `job_running`, `job_dead`, `job_done`, `job_attempt`;
+    those that exist), its partitions summed: `total_bytes` on disk (heap, indexes, TOAST),
+    `n_live_tup` and `n_dead_tup` (None before the statistics saw it) and
+    `last_autovacuum_at` (None if never), from the catalog and `pg_stat_user_tables`."""
+    return [dict(r) for r in await sql.job_stats_sizes.fetch(conn)]
+
+
+async def event_counts(conn: Connection) -> dict[str, dict[str, int]]:
+    """Return the cumulative event counts of every queue, `{queue: {event: count}}`, summed
+    over all processes from `job_counter` (written by `jobq.queue.metrics`). A rate is the
+    change of a count between two readings over their interval."""
+    counts: dict[str, dict[str, int]] = {}
+    for r in await sql.job_counter_sums.fetch(conn):
+        counts.setdefault(r["queue"], {})[r["event"]] = r["count"]
+    return counts

@@ -8,7 +8,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any, Literal, NamedTuple, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
@@ -118,21 +118,9 @@ class ClaimedJob:
     concurrency_key: str | None = None
 
 
-class Grant(NamedTuple):
-    """A queue's turn let the worker claim up to `starts` of the queue's jobs (the claim that got
-    it included) with no turn, for `span` (sql/018_limits_grants.sql). `at`: its time in the
-    queue's rate windows (aware UTC; a claim under it is stamped no earlier); `until`: its end
-    by the server's clock, which each claim under it passes back."""
-
-    starts: int
-    at: datetime
-    until: datetime
-    span: timedelta
-
-
 class Verdict(StrEnum):
     """What becomes of a claimed job: the one vocabulary of outcomes (recorded by
-    `jobq.queue.acker`, counted by `Worker.counts` under `counted`).
+    `jobq.queue.completer`, counted by `Worker.counts` under `counted`).
 
     `COMPLETE`: done, it leaves the queue. `RETRY`: back to `job` with one more attempt, ripe
     after its backoff. `RELEASE`: back to `job` at its place, no attempt charged (a stop).

@@ -4,13 +4,12 @@ jobs in the queue, at most one in flight per pool (the ones asked for meanwhile 
 Why not NOTIFY inside the enqueuing transaction (a trigger, as many queues do): PostgreSQL
 serialises the commits of transactions that notified. It takes a database-wide lock before the
 commit and holds it through the commit's WAL flush, so concurrent enqueues commit one fsync at a
-time; with 8 producers that halved the enqueue rate here (`make bench`, `enqueue_concurrent`). A
-NOTIFY sent alone writes no WAL and holds that lock for microseconds, and coalescing makes one
-serve every commit that came before it was sent.
+time instead of sharing one (group commit). A NOTIFY sent alone writes no WAL and holds that
+lock for microseconds, and coalescing makes one serve every commit that came before it was sent.
 
 The price: a job inserted by plain SQL wakes nobody until the next poll, unless that
 transaction also runs `NOTIFY jobq`. Workers of this process are woken directly
-(`store.wakeups`), without waiting for the notification.
+(`jobq.queue.wakeup.wake_workers`), without waiting for the notification.
 """
 
 from __future__ import annotations

@@ -1,33 +1,23 @@
-"""Recurring schedules: each occurrence enqueued once, ahead of its time, ripe at it.
+"""Recurring schedules: what they are and how they change (declare, save, pause, drop).
 
 Schedules live in `job_schedule`: those declared in code (`Registry.periodic`) are written
 there at every worker's start (`declare`), the others by the application (recurring
-reminders). When their occurrences are: `jobq.queue.recurrence` (cron, interval, RRULE; time
-zones and DST; misfires).
-
-Every worker runs the scheduler (`enqueue_due`, every `Settings.schedule_interval`): it locks
-the schedules whose next occurrence falls within `LOOK_AHEAD` (`FOR UPDATE SKIP LOCKED`: each
-is handled by one worker at a time), enqueues their occurrences as jobs ripe at their times,
-each with its row in `job_occurrence` (primary key: schedule and time), and advances `next_at`,
-in one transaction. So an occurrence makes exactly one job whatever the number of workers, and
-that job waits in the queue for its time like any scheduled job: its lateness is the queue's.
+reminders, `save`). When their occurrences are: `jobq.queue.recurrence` (cron, interval, RRULE;
+time zones and DST; misfires). The elected leader alone enqueues their occurrences, each once
+(`jobq.queue.leader.schedules`).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from datetime import datetime, timedelta
+from typing import Any
 
-from jobq import db
-from jobq.db import Connection, Database
+from jobq.db import Connection
 from jobq.errors import Conflict, NotFound
-from jobq.queue import control, metrics, sql, store
-from jobq.queue.recurrence import LOOK_AHEAD, ScheduleSpec, due, recurrence_of
-
-if TYPE_CHECKING:
-    from jobq.queue.registry import Registry
+from jobq.queue import control, sql
+from jobq.queue.recurrence import ScheduleSpec, recurrence_of
 
 
 async def read_schedules(conn: Connection) -> list[dict[str, Any]]:
@@ -71,58 +61,6 @@ async def declare(conn: Connection, specs: Iterable[ScheduleSpec], *, now: datet
             spec=spec.text(),
             concurrency_key=None,
         )
-
-
-async def enqueue_due(
-    database: Database, handlers: Registry, *, now: datetime, look_ahead: timedelta = LOOK_AHEAD
-) -> int:
-    """One round of the scheduler: for each schedule (not paused) whose next occurrence falls
-    before `now + look_ahead`, locked for this worker alone, enqueue its occurrences due
-    (`due`) as jobs ripe at their times, each recorded in `job_occurrence`, and advance its
-    `next_at`, in one transaction. Return how many jobs were enqueued.
-    Raises: `asyncpg.PostgresError` / `OSError` (then nothing is enqueued).
-    """
-    enqueued = 0
-    db.bind(database)  # in the caller's context (a service's own)
-    async with db.transaction() as conn:
-        for row in await sql.schedule_due.fetch(conn, horizon=now + look_ahead, limit=100):
-            ats, next_at = due(
-                recurrence_of(row),
-                row["next_at"],
-                now=now,
-                horizon=now + look_ahead,
-                misfire=row["misfire"],
-                backfill=row["backfill"],
-            )
-            if ats:
-                enqueued += await _occurrences(conn, row, ats, handlers, now)
-            await sql.schedule_advance.execute(conn, name=row["name"], next_at=next_at)
-        if enqueued:
-            store.wake_workers_after_commit()
-    return enqueued
-
-
-async def _occurrences(
-    conn: Connection, row: Any, ats: list[datetime], handlers: Registry, now: datetime
-) -> int:
-    """Enqueue the occurrences `ats` of schedule `row` not enqueued before; return how many."""
-    job_type = row["job_type"]
-    queue = row["queue"] or handlers.queue_of(job_type)
-    rows = await sql.schedule_enqueue.fetch(
-        conn,
-        name=row["name"],
-        ats=ats,
-        at_texts=[at.astimezone(UTC).isoformat() for at in ats],
-        job_type=job_type,
-        arguments=row["arguments"],
-        occurrence_arg=row["occurrence_arg"],
-        queue=queue,
-        max_retries=handlers.max_retries_of(job_type),
-        now=now,
-        concurrency_key=row["concurrency_key"],
-    )
-    metrics.count_after_commit([(queue, job_type)] * len(rows), "enqueued")
-    return len(rows)
 
 
 async def save(

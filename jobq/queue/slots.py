@@ -1,13 +1,12 @@
 """A worker's queues and slots: which queues it serves (`JOBQ_QUEUES`, or every declared one),
-`Slots`, which counts its slots per queue, and `Grants`, the claims it may make with no turn."""
+and `Slots`, which counts its slots per queue."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
 
 from jobq.config import Settings
-from jobq.queue.model import ClaimedJob, Grant
+from jobq.queue.model import ClaimedJob
 from jobq.queue.registry import QueueSpec, Registry
 
 
@@ -60,45 +59,6 @@ class Slots:
     @property
     def num_free(self) -> int:
         return sum(max(0, n) for n in self.free().values())
-
-
-class Grants:
-    """The grants a worker holds (sql/018_limits_grants.sql): per queue with limits, the grant
-    and how many jobs it may still claim under it, before its deadline by the event loop's clock
-    (its span from the claim that got it: never after its end by the server's clock, which the
-    server checks again)."""
-
-    def __init__(self) -> None:
-        self._held: dict[str, tuple[Grant, int, float]] = {}  # grant, starts left, deadline
-
-    def claiming(self, free: dict[str, int], at: float) -> dict[str, Grant]:
-        """The grants that a claim at loop time `at` (seconds) makes its claims under, per queue.
-        Trims `free` (slots per queue) to each one's starts left."""
-        under = {}
-        for name, (grant, left, deadline) in list(self._held.items()):
-            if left <= 0 or at >= deadline:
-                del self._held[name]
-            elif free.get(name, 0) > 0:
-                free[name] = min(free[name], left)
-                under[name] = grant
-        return under
-
-    def claimed(
-        self, at: float, taken: Counter[str], under: dict[str, Grant], made: dict[str, Grant]
-    ) -> None:
-        """Count the claim sent at loop time `at` (seconds): `taken` jobs per queue, made under
-        the grants `under` (`claiming`'s), and the grants its turns `made`."""
-        for name in under.keys() & self._held.keys():
-            grant, left, deadline = self._held[name]
-            self._held[name] = (grant, left - taken[name], deadline)
-        for name, grant in made.items():
-            self._held[name] = (grant, grant.starts - taken[name], at + grant.span.total_seconds())
-
-    def forfeit(self, names: Iterable[str]) -> None:
-        """Give up the grants of queues `names` (a claim under them failed, and may have
-        committed)."""
-        for name in names:
-            self._held.pop(name, None)
 
 
 def has_limits(spec: QueueSpec) -> bool:

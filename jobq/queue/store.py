@@ -6,56 +6,22 @@ worker's operations take an explicit connection and run as single autocommit sta
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from jobq import clock, tracing
-from jobq.db import (
-    Connection,
-    Database,
-    current_database,
-    current_transaction,
-    json_arg,
-    write_transaction,
-)
+from jobq.db import Connection, current_database, current_transaction, json_arg, write_transaction
 from jobq.db import conn as current_conn
 from jobq.errors import DuplicateJob
 from jobq.queue import metrics, sql
-from jobq.queue.model import ClaimedJob, Enqueued, Grant, Job, Outcome, Unique, Verdict
-from jobq.queue.notify import notifier
+from jobq.queue.model import ClaimedJob, Enqueued, Job, Outcome, Unique, Verdict
 from jobq.queue.registry import DEFAULT_QUEUE, QueueSpec, Registry, registry
+from jobq.queue.wakeup import wake_workers_after_commit
 
 Slots = int | Mapping[str, int]
 """Free slots to claim into: per queue, or an int for the `default` queue alone."""
-
-wakeups: set[asyncio.Event] = set()
-"""Wake-up events of the workers of this process; set when a transaction that enqueued commits."""
-
-
-def wake_workers(database: Database) -> None:
-    """Wake the workers: those of this process at once (their events), those of every process
-    by `NOTIFY jobq` on `database` (coalesced: `jobq.queue.notify`). Call it after the commit
-    that put jobs in `job`."""
-    for event in wakeups:
-        event.set()
-    notifier(database).notify()
-
-
-def _wake_workers_of_this_transaction() -> None:
-    wake_workers(current_database())
-
-
-def wake_workers_after_commit() -> None:
-    """Wake the workers once the transaction in progress commits (once per transaction, and
-    never when it rolls back); outside a transaction, now."""
-    tx = current_transaction()
-    if tx is None:
-        wake_workers(current_database())
-    elif _wake_workers_of_this_transaction not in tx.after_commit:
-        tx.after_commit.append(_wake_workers_of_this_transaction)
 
 
 async def enqueue(job: Job, *, handlers: Registry = registry) -> Enqueued:
@@ -66,7 +32,8 @@ async def enqueue(job: Job, *, handlers: Registry = registry) -> Enqueued:
     same `job_type` and `arguments`, queued), nothing is inserted and the twin's id is returned
     with `duplicate=True`; by default a queued twin due later is moved to this job's `ripe_at`
     (never postponed). Workers are woken once per transaction, after its commit
-    (`wake_workers`): by a `NOTIFY jobq` sent then and, in this process, by an event.
+    (`jobq.queue.wakeup.wake_workers`): by a `NOTIFY jobq` sent then and, in this process, by
+    an event.
     `handlers` tells a job that names no `queue`, `max_retries` or `unique` its handler's
     (default: the process's registry).
     Raises: `DuplicateJob` when the twin's `Unique.on_conflict` is `raise`;
@@ -181,7 +148,7 @@ async def enqueue_many(jobs: Iterable[Job], *, handlers: Registry = registry) ->
 
 
 def _outcome_args(outcomes: Sequence[Outcome], now: datetime, retain: bool) -> dict[str, Any]:
-    """The parameters of `sql._RECORD` for `outcomes`."""
+    """The parameters of `job_record` for `outcomes`."""
     completed: list[int] = []
     results: list[str | None] = []
     requeued: tuple[
@@ -247,15 +214,11 @@ class Claimed(NamedTuple):
     """What `record_and_claim` did: the claimed `jobs`, the tokens of the outcomes `recorded`,
     and `next_ripe_at`: when a claim of the queues it did not fill may next find work (the
     earliest `ripe_at` after `now` of their jobs, or the moment a full rate window of theirs
-    opens; None: neither), as `next_ripe_at()` would tell; `limited`: the queues with limits
-    that a claim without `limits` skipped (claim them with `limits`); `grants`: per queue, the
-    grant a turn of this claim made."""
+    opens; None: neither), as `next_ripe_at()` would tell."""
 
     jobs: list[ClaimedJob]
     recorded: set[int]
     next_ripe_at: datetime | None
-    limited: frozenset[str]
-    grants: dict[str, Grant]
 
 
 async def record_and_claim(
@@ -267,77 +230,37 @@ async def record_and_claim(
     now: datetime,
     lease_expires_at: datetime,
     retain: bool = True,
-    limits: bool = True,
-    capacity: Mapping[str, int] | None = None,
-    grants: Mapping[str, datetime] | None = None,
 ) -> Claimed:
-    """Record `outcomes` (as `record` does) and claim up to `max_jobs` (as `claim` does) in one
-    statement, so that the jobs whose outcome is recorded free the slots the claim fills.
-    Return what it did (`Claimed`): a worker needs no second statement to set its timer.
-    `retain`: keep the jobs that end in `job_done` (False: retention is off). `limits` False:
-    a worker that serves no queue with limits (a cheaper statement); a queue that has limits
-    is then not claimed, and is named in `Claimed.limited`.
-    `grants`: per queue, the end (`Grant.until`) of the grant its claim is made under (at most
-    the grant's starts left: the caller counts them down); a queue with limits claimed under a
-    grant that holds needs no `limits`. With `limits`, `capacity` (the worker's slots per
-    queue) asks the queues' turns for grants (`Claimed.grants`).
+    """Record `outcomes` (as `record` does) and claim up to `max_jobs` (as `claim` does), so
+    that the jobs whose outcome is recorded free the slots the claim fills: one statement
+    (`job_claim`) when every outcome is a success, else `job_record` then `job_claim` in one
+    transaction. Return what it did (`Claimed`): a worker needs no second statement to set its
+    timer. `retain`: keep the jobs that end in `job_done` (False: retention is off).
 
     Raises: `asyncpg.PostgresError` (then nothing happened).
     """
     slots = {DEFAULT_QUEUE: max_jobs} if isinstance(max_jobs, int) else max_jobs
+    completed = [o for o in outcomes if o.verdict is Verdict.COMPLETE]
     claiming: dict[str, Any] = {
+        "completed": [o.token for o in completed],
+        "results": [o.result for o in completed],
+        "retain": retain,
+        "now": now,
         "queues": list(slots),
         "slots": list(slots.values()),
         "worker_id": worker_id,
         "lease_expires_at": lease_expires_at,
     }
-    claiming["until"] = [(grants or {}).get(name) for name in slots]
-    if limits:
-        claiming["capacity"] = [(capacity or {}).get(name) for name in slots]
-    args = _outcome_args(outcomes, now, retain)
-    if all(o.verdict is Verdict.COMPLETE for o in outcomes):
-        completed = {k: args[k] for k in ("completed", "results", "retain", "now")}
-        statement = sql.job_claim if limits else sql.job_claim_unlimited
-        rows = await statement.fetch(conn, **completed, **claiming)
+    if len(completed) == len(outcomes):
+        row = await sql.job_claim.fetchrow(conn, **claiming)
+        recorded: set[int] = set()
     else:
-        statement = sql.job_claim_recording if limits else sql.job_claim_unlimited_recording
-        rows = await statement.fetch(conn, **args, **claiming)
-    jobs = [
-        ClaimedJob(
-            id=r["id"],
-            job_type=r["job_type"],
-            arguments=r["arguments"],
-            attempts=r["attempts"],
-            max_retries=r["max_retries"],
-            token=r["token"],
-            ripe_at=r["ripe_at"],
-            claimed_at=r["claimed_at"],
-            queue=r["queue"],
-            concurrency_key=r["concurrency_key"],
-        )
-        for r in rows
-        if r["id"] is not None
-    ]
-    recorded = {r["token"] for r in rows if r["id"] is None and r["token"] is not None}
-    upcoming = [r for r in rows if r["id"] is None and r["token"] is None]
-    made = {
-        r["queue"]: Grant(
-            r["attempts"], r["ripe_at"], r["claimed_at"], timedelta(milliseconds=r["max_retries"])
-        )
-        for r in upcoming
-        if r["attempts"] is not None
-    }
-    upcoming = [r for r in upcoming if r["attempts"] is None]
-    if not upcoming:
-        return Claimed(jobs, recorded, None, frozenset(), made)
-    skipped = upcoming[0]["queue"]
-    return Claimed(
-        jobs,
-        recorded,
-        upcoming[0]["ripe_at"],
-        frozenset(skipped.split(",")) if skipped else frozenset(),
-        made,
-    )
+        others = [o for o in outcomes if o.verdict is not Verdict.COMPLETE]
+        async with conn.transaction():
+            recorded = await record(conn, others, now=now, retain=retain)
+            row = await sql.job_claim.fetchrow(conn, **claiming)
+    jobs = [ClaimedJob(**{**job, "arguments": json.loads(job["arguments"])}) for job in row["jobs"]]
+    return Claimed(jobs, recorded | set(row["recorded"]), row["next_ripe_at"])
 
 
 async def record(
@@ -346,7 +269,7 @@ async def record(
     """Record the outcomes of many claimed jobs in one statement (`sql.job_record`) and return
     the tokens that were still held; a rescued job's stale token matches nothing.
 
-    A re-queued job identical to one queued meanwhile is merged into it (`sql._back_to_queue`).
+    A re-queued job identical to one queued meanwhile is merged into it.
     A completed job goes to `job_done` with its result when `retain`; a job cancelled while it
     ran ends there `cancelled` whatever its outcome. `now` (aware UTC) stamps `died_at` of
     buried and merged jobs and `finished_at`.
@@ -442,63 +365,3 @@ async def list_queues(
     and its jobs `ripe` and `scheduled` (queued, ripe by `now` or not; each counted up to
     `max_count`, None: all) and `running`."""
     return [dict(r) for r in await sql.job_queue_list.fetch(conn, now=now, max_count=max_count)]
-
-
-LIVE_COUNT_MAX = 100_000
-"""The most queued jobs that the views count live (`stats`, the dashboard's depths): past it,
-counting `job` costs a second per few million jobs, and they read the depth snapshot (or stop
-counting) instead."""
-
-
-async def snapshot_counts(conn: Connection, *, max_count: int | None = None) -> datetime | None:
-    """When the queued jobs are to be read from the last depth snapshot rather than counted: its
-    time (aware UTC) while `job` holds more than `max_count` jobs (None: `LIVE_COUNT_MAX`) and a
-    snapshot exists (`jobq.queue.metrics.take_depth_snapshot`, every few seconds by one
-    worker); else None, they are counted now (a small queue, or no snapshot yet)."""
-    max_count = LIVE_COUNT_MAX if max_count is None else max_count
-    if not await sql.job_count_over.fetchval(conn, max_count=max_count):
-        return None
-    taken_at: datetime | None = await sql.job_depth_taken_at.fetchval(conn)
-    return taken_at
-
-
-async def stats(
-    conn: Connection, *, now: datetime, max_count: int | None = None
-) -> tuple[list[dict[str, Any]], datetime | None]:
-    """Return per job type (by name) its `ripe` and `scheduled` queued jobs, `running` and
-    `dead`, and when the queued ones were counted: None when counted now, at `now` (aware UTC),
-    else the time of the depth snapshot they come from (`snapshot_counts`, with `max_count`).
-    Running and dead jobs are always counted now."""
-    counted_at = await snapshot_counts(conn, max_count=max_count)
-    if counted_at is not None:
-        return [dict(r) for r in await sql.job_stats_counted.fetch(conn)], counted_at
-    return [dict(r) for r in await sql.job_stats.fetch(conn, now=now)], None
-
-
-async def vacuum_stats(conn: Connection, *, now: datetime) -> dict[str, Any]:
-    """Return what an operator needs to see the vacuum horizon pinned: `oldest_transaction_s`,
-    the age in seconds at `now` of the oldest transaction open in this database other than
-    ours (None when there is none), and `tables`: per queue table (`job`, `job_dead`,
-    `job_running`) `n_live_tup`, `n_dead_tup` and `last_autovacuum_at` (None if never), from
-    `pg_stat_user_tables`, which lags the tables by up to a second or so."""
-    oldest: float | None = await sql.job_stats_oldest_transaction.fetchval(conn, now=now)
-    tables = [dict(r) for r in await sql.job_stats_tables.fetch(conn)]
-    return {"oldest_transaction_s": oldest, "tables": tables}
-
-
-async def table_stats(conn: Connection) -> list[dict[str, Any]]:
-    """Return per queue table (`job`, `job_running`, `job_dead`, `job_done`, `job_attempt`;
-    those that exist), its partitions summed: `total_bytes` on disk (heap, indexes, TOAST),
-    `n_live_tup` and `n_dead_tup` (None before the statistics saw it) and
-    `last_autovacuum_at` (None if never), from the catalog and `pg_stat_user_tables`."""
-    return [dict(r) for r in await sql.job_stats_sizes.fetch(conn)]
-
-
-async def event_counts(conn: Connection) -> dict[str, dict[str, int]]:
-    """Return the cumulative event counts of every queue, `{queue: {event: count}}`, summed
-    over all processes from `job_counter` (written by `jobq.queue.metrics`). A rate is the
-    change of a count between two readings over their interval."""
-    counts: dict[str, dict[str, int]] = {}
-    for r in await sql.job_counter_sums.fetch(conn):
-        counts.setdefault(r["queue"], {})[r["event"]] = r["count"]
-    return counts

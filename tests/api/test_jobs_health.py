@@ -16,7 +16,8 @@ from jobq import clock, db
 from jobq.app import create_app
 from jobq.db import Connection, Database
 from jobq.errors import DontRetry
-from jobq.queue import Job, JobContext, Registry, Worker, enqueue, metrics, store
+from jobq.queue import Job, JobContext, Registry, Worker, enqueue, metrics
+from jobq.queue.leader.depth import take_depth_snapshot
 from tests.api.conftest import DatabaseProxy
 from tests.api.helpers import assert_error, create_reminder, create_user
 from tests.conftest import make_settings
@@ -91,22 +92,20 @@ async def test_past_the_live_count_job_stats_reads_the_depth_snapshot(
     """Counting ten million queued jobs takes seconds: past `LIVE_COUNT_MAX` of them, the
     queued counts are the last depth snapshot's, and the answer says when it was taken;
     running and dead jobs are counted now. With no snapshot yet, everything is counted now."""
-    monkeypatch.setattr(store, "LIVE_COUNT_MAX", 2)
+    monkeypatch.setattr(metrics, "LIVE_COUNT_MAX", 2)
     for n in range(3):
         await enqueue(Job(job_type="alpha", arguments={"n": n}))
     body = await (await client.get("/jobs/stats")).get_json()
     assert (body["totals"]["ripe"], body["queued_counted_at"]) == (3, None)  # no snapshot yet
     at = clock.now()
-    await metrics.take_depth_snapshot(
-        database, now=at, interval=timedelta(0), retention=timedelta(days=7)
-    )
+    await take_depth_snapshot(database, now=at, interval=timedelta(0), retention=timedelta(days=7))
     await enqueue(Job(job_type="alpha", arguments={"n": 9}).runs_in(hours=1))
     await enqueue(Job(job_type="beta", arguments={"n": 1}))
     body = await (await client.get("/jobs/stats")).get_json()
     row = {"ripe": 0, "scheduled": 0, "running": 0, "dead": 0}
     assert body["job_types"] == [{**row, "job_type": "alpha", "ripe": 3}]  # as counted at `at`
     assert body["queued_counted_at"] == at.isoformat().replace("+00:00", "Z")
-    monkeypatch.setattr(store, "LIVE_COUNT_MAX", 100)
+    monkeypatch.setattr(metrics, "LIVE_COUNT_MAX", 100)
     body = await (await client.get("/jobs/stats")).get_json()
     assert body["queued_counted_at"] is None
     assert body["totals"] == {"job_type": "*", "ripe": 4, "scheduled": 1, "running": 0, "dead": 0}

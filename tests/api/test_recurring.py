@@ -14,7 +14,7 @@ from quart.typing import TestClientProtocol as Client
 from jobq.config import Settings
 from jobq.db import Connection, Database
 from jobq.queue import registry
-from jobq.queue.schedule import enqueue_due
+from jobq.queue.leader.schedules import enqueue_due
 from tests.api.conftest import RunJobs
 from tests.api.helpers import assert_error, create_reminder, create_user, error_locs
 from tests.toolkit.receiver import WebhookReceiver

@@ -520,11 +520,14 @@ ALLOWED_BUILT_SQL = {
     ("jobq/queue/sql.py", "_into_done"): "called at import only, with constant fragments",
     ("jobq/queue/sql.py", "_next_ripe_at"): "called at import only, with constant fragments",
     ("jobq/queue/sql.py", "_views"): "called at import only, with constant fragments",
-    ("jobq/queue/maintenance.py", "prune_finished"): "DDL takes no parameter; the partition's "
+    ("jobq/queue/leader/prune.py", "prune_finished"): "DDL takes no parameter; the partition's "
     "name is `job_done_p` and a date's %Y%m%d, read back from the catalog",
-    ("jobq/queue/maintenance.py", "_create_partition"): "DDL takes no parameter; the name and "
+    ("jobq/queue/leader/prune.py", "_create_partition"): "DDL takes no parameter; the name and "
     "bounds are formatted from a `date`",
-    ("jobq/queue/maintenance.py", "_ddl"): "SET takes no parameter; the lock timeout is a constant",
+    (
+        "jobq/queue/leader/prune.py",
+        "_ddl",
+    ): "SET takes no parameter; the lock timeout is a constant",
     ("jobq/embedded.py", "ensure_database"): "CREATE DATABASE takes no parameter; the name is "
     "checked against [a-z_][a-z0-9_]* first",
 }

@@ -143,7 +143,8 @@ class Execution:
 class Claim:
     """One stay of a job in `job_running`, and how it ended (`end` is None while it lasts):
     complete, retry, release, bury, rescue, merged, cancel. `claimed_at` and `ended_at` are the
-    server's clock in the transactions that moved the row; `clock_at` is the claim's time as
+    server's clock at the end of the transactions that moved the row (the last trigger time of
+    each, the closest to its commit the journal knows); `clock_at` is the claim's time as
     its worker gave it (`job_running.claimed_at`, what the rate windows count)."""
 
     token: int
@@ -193,9 +194,19 @@ class Analysis:
         """Read the journal, the executions and the queue tables for `job_ids`."""
         self = cls(job_ids)
         ids = sorted(job_ids)
-        rows = await conn.fetch(
-            "SELECT * FROM chaos_journal WHERE job_id = ANY($1::bigint[]) ORDER BY id", ids
-        )
+        # Every change of a transaction becomes visible at its commit: each row's time is the
+        # last trigger time of its transaction (the closest to the commit the journal knows).
+        # A row's own trigger time would tell a claim and the end of another claim that one
+        # transaction makes apart (statement triggers fire at the end of each statement, and
+        # the claim's statements are several), though no other transaction can see them apart.
+        rows: list[Any] = [
+            {**r, "at": r["committed_at"]}
+            for r in await conn.fetch(
+                "SELECT * FROM (SELECT *, max(at) OVER (PARTITION BY xid) AS committed_at"
+                " FROM chaos_journal) AS j WHERE job_id = ANY($1::bigint[]) ORDER BY id",
+                ids,
+            )
+        ]
         arrivals: dict[tuple[Any, int], dict[str, Any]] = {}
         by_token: dict[int, Claim] = {}
         departures = []

@@ -64,7 +64,7 @@ async def test_a_rescued_job_keeps_its_place_in_the_queue(
         # The worker dies: its liveness lock and its process's sessions are gone (a test cannot
         # end its own process, so its row is pointed at a pid with no session).
         await conn.execute("UPDATE worker SET pid = 0 WHERE id = $1", worker.id)
-        listener = worker._listener
+        listener = worker.listener.conn
         assert listener is not None
         await listener.close()
         assert await store.rescue(conn, now=clock.now(), heartbeat_grace=timedelta(0)) == 1

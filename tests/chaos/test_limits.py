@@ -17,11 +17,9 @@ are checked from the journal (`tests/chaos/journal.py`), not from the engine's o
 - `max_starts_per_key_window`: the most claims of one key within any window of the rate's
   period (half-open, at the claim times the workers gave, which the rate windows count).
 
-The same workers serve `granted` too (at most 40 running of 64 slots, 150 claims in any 1 s;
-6,000 jobs without a key), whose turns grant claims with no turn while its limits are far
-(sql/018_limits_grants.sql): `granted_max_running`, `granted_max_claims` and
-`granted_max_starts_window` are the same figures over the whole queue, and `grants` counts the
-grants made (read from `job_rate` every ~2 s: a grant's row stays there a minute).
+The same workers serve `global` too (at most 40 running of 64 slots, 150 claims in any 1 s;
+6,000 jobs without a key), whose limits bind now and then: `global_max_running`,
+`global_max_claims` and `global_max_starts_window` are the same figures over the whole queue.
 
 Then the suite's invariants (nothing lost, ...) and `python -m jobq check`; one JSON line.
 """
@@ -63,9 +61,8 @@ LIMITS_WORKERS = 4
 LIMITS_SLEEP_S = 0.2
 """Each job sleeps 200 ms: a key with its 2 jobs running could start 10 a second, so its rate
 (5 per second) binds as well as its concurrency."""
-GRANTED_JOBS = 6_000
-"""Jobs of `granted` (no key), drained beside the keyed ones: about 40 s at its limits."""
-GRANTS = "SELECT at, seq FROM job_rate WHERE queue = $1 AND until IS NOT NULL"
+GLOBAL_JOBS = 6_000
+"""Jobs of `global` (no key), drained beside the keyed ones: about 40 s at its limits."""
 KILL_EVERY_S = (1.5, 2.5)
 RESTART_AFTER_S = 12.0
 """The database restart comes in place of the first kill due after this many seconds."""
@@ -197,15 +194,14 @@ async def test_per_key_concurrency_and_rate_limits_hold_through_sigkills_and_a_r
     env = {
         **WORKER_ENV,
         "JOBQ_JOB_MODULES": "tests.chaos.limited_worker",
-        "JOBQ_QUEUES": f"{limited.QUEUE}:16,{limited.GRANTED}:16",
+        "JOBQ_QUEUES": f"{limited.QUEUE}:16,{limited.GLOBAL}:16",
     }
     live = [await procs.worker(conn, f"worker-{i}", env) for i in range(LIMITS_WORKERS)]
 
     started = time.monotonic()
     keyed = await enqueue_limited(LIMITS_JOBS, LIMITS_KEYS)
-    global_ = await enqueue_limited(GRANTED_JOBS, 1, limited.GRANTED)
+    global_ = await enqueue_limited(GLOBAL_JOBS, 1, limited.GLOBAL)
     ids = keyed | global_
-    grants: set[tuple[datetime, int]] = set()  # (at, seq): each lasts a minute in job_rate
     kills: list[tuple[int, datetime]] = []  # (worker id, when)
     restarted: dict[str, Any] = {}
     spawned = LIMITS_WORKERS
@@ -214,8 +210,6 @@ async def test_per_key_concurrency_and_rate_limits_hold_through_sigkills_and_a_r
         elapsed = time.monotonic() - started
         assert elapsed < DRAIN_WITHIN_S, f"the queue did not drain in {DRAIN_WITHIN_S:g} s"
         await asyncio.sleep(rng.uniform(*KILL_EVERY_S))
-        with contextlib.suppress(Exception):  # the server may be down a moment longer
-            grants.update((r["at"], r["seq"]) for r in await conn.fetch(GRANTS, limited.GRANTED))
         check_running(tuple(p for p in live if p.worker_id is not None))
         if not restarted and time.monotonic() - started >= RESTART_AFTER_S:
             for proc in live:  # a worker that starts while the server is down would exit
@@ -267,12 +261,11 @@ async def test_per_key_concurrency_and_rate_limits_hold_through_sigkills_and_a_r
             "executions_without_end": limits["executions_without_end"],
             "keys_over_rate": limits["keys_over_rate"][:10],
             "over_rate_claims": limits["over_rate_claims"],
-            "granted_max_running": whole["max_running_per_key"],
-            "granted_max_claims": whole["max_claims_per_key"],
-            "granted_max_starts_window": whole["max_starts_per_key_window"],
-            "granted_limits": f"{limited.MAX_RUNNING} running, "
+            "global_max_running": whole["max_running_per_key"],
+            "global_max_claims": whole["max_claims_per_key"],
+            "global_max_starts_window": whole["max_starts_per_key_window"],
+            "global_limits": f"{limited.MAX_RUNNING} running, "
             f"{limited.RATE.max_starts}/{limited.RATE.period.total_seconds():g}s",
-            "grants": len(grants),
             "workers": LIMITS_WORKERS,
             "kills": len(kills),
             "restart": restarted,
@@ -295,11 +288,11 @@ async def test_per_key_concurrency_and_rate_limits_hold_through_sigkills_and_a_r
     # the limits did bind (else the scenario proves nothing), and the faults happened
     assert limits["max_running_per_key"] == limited.MAX_RUNNING_PER_KEY
     assert limits["max_starts_per_key_window"] == rate.max_starts
-    # `granted`: its limits held with grants made under the faults
+    # `global`: its limits held under the faults, and bound
     assert whole["max_running_per_key"] <= limited.MAX_RUNNING, whole
     assert whole["max_claims_per_key"] <= limited.MAX_RUNNING, whole
     assert whole["max_starts_per_key_window"] <= limited.RATE.max_starts, whole
-    assert grants, "no grant was made: the scenario proves nothing of them"
+    assert whole["max_running_per_key"] == limited.MAX_RUNNING, whole
     assert len(kills) >= 10, "too few kills to mean anything: the drain was too fast"
     assert restarted, "the drain ended before the database restart"
     assert exit_codes == [0] * len(live)

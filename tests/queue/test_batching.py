@@ -108,13 +108,13 @@ async def test_a_crash_before_the_ack_reruns_the_job(
 
     (job_id,) = await enqueue_many([Job(job_type="once", arguments={"n": 1})])
     doomed = await make_worker(handlers)
-    doomed.acker.defer()  # as under `run()`: the outcome waits for the next claim
+    doomed.completer.defer()  # as under `run()`: the outcome waits for the next claim
     assert await doomed.run_once() == 1
     # its handler has returned, and its outcome waits: the slot is still held
     await eventually(lambda: doomed.running == 0 and len(doomed.slots.tokens) == 1)
     assert await where(conn, job_id) == ["job_running"]
     # The process dies: its listener session (and liveness lock) goes, no heartbeat follows.
-    listener = doomed._listener
+    listener = doomed.listener.conn
     assert listener is not None
     await conn.fetchval("SELECT pg_terminate_backend($1, 5000)", listener.get_server_pid())
     await eventually(lambda: not doomed.alive)
@@ -127,6 +127,6 @@ async def test_a_crash_before_the_ack_reruns_the_job(
     assert runs == [doomed.id, rescuer.id]
     assert await where(conn, job_id) == []
 
-    await doomed.acker.flush()
+    await doomed.completer.flush()
     assert doomed.counts["rejected"] == 1
     assert doomed.counts["completed"] == 0

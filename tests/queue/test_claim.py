@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from jobq import clock
 from jobq.db import Connection, Database
-from jobq.queue import Job, JobContext, Registry, enqueue, store
+from jobq.queue import Job, JobContext, Registry, enqueue, metrics, store
 from tests import outcomes
 from tests.queue.helpers import Gate, MakeWorker, count, counts, row
 
@@ -196,7 +196,7 @@ async def test_stats_count_each_state_per_job_type(conn: Connection) -> None:
                 assert await outcomes.bury(conn, job.token, now=T0, error="x")
             else:
                 assert await outcomes.release(conn, job.token, now=T0)
-        stats, counted_at = await store.stats(conn, now=T0)
+        stats, counted_at = await metrics.stats(conn, now=T0)
     assert counted_at is None  # counted now: a small queue
     assert stats == [
         {"job_type": "a", "ripe": 1, "scheduled": 1, "running": 2, "dead": 0},

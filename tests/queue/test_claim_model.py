@@ -1,6 +1,6 @@
 """The claim of a queue with limits against a model of its rule, claim after claim.
 
-The rule (`job_claimable`, sql/013_limits_cheaper.sql): a queue's budget is its free slots within
+The rule (sql/functions/job_claim_turns.sql): a queue's budget is its free slots within
 its running limit and its rate; the budget goes to the first ripe jobs of its line (priority,
 then ripe_at) whose key has room, each key's allowance (running limit and rate per key) going to
 its own first jobs. The claim reads the head of the line, and walks the keys only when the head
@@ -45,7 +45,7 @@ LOOSE = QueueSpec(
     rate_per_key=Rate(7, PERIOD / 2),
 )
 """Limits that keys reach now and then only: some claims skip the per-key checks (and fold
-their keys into one start row, sql/013_limits_cheaper.sql), the next ones count them."""
+their keys into one start row, `job_rate` in sql/schema.sql), the next ones count them."""
 KEYS = ["crowded", "busy", "a", "b", "c", "d", None]
 WEIGHTS = [30, 10, 2, 2, 2, 2, 4]
 """Most jobs are of two keys, so that the head of the line is often all held back."""

@@ -1,5 +1,5 @@
 """Job control against the real database: cancel in every state, results, waiting for a job's
-end, and the retention of finished jobs (`jobq.queue.control`, `jobq.queue.maintenance`)."""
+end, and the retention of finished jobs (`jobq.queue.control`, `jobq.queue.leader.prune`)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from jobq.errors import Conflict, NotFound
 from jobq.queue import Job, JobContext, Registry, enqueue
 from jobq.queue.control import JobCancelled, JobFailed, JobState, cancel, find, wait_for
 from jobq.queue.executor import ResultError, result_json
-from jobq.queue.maintenance import partition_name, prune_finished
+from jobq.queue.leader.prune import partition_name, prune_finished
 from tests.queue.helpers import Gate, MakeWorker, counts
 from tests.toolkit.procs import eventually
 

@@ -57,31 +57,21 @@ def outcomes(tokens: list[int], now: datetime) -> dict[str, object]:
     }
 
 
-def claim_args(statement: str, tokens: list[int], now: datetime) -> dict[str, object]:
-    """The parameters of `statement` (a claim) that record `tokens` and claim up to 10 jobs:
-    `job_claim` (and `job_claim_unlimited`) complete them all, `job_claim_recording` (and
-    `job_claim_unlimited_recording`) also re-queue and bury some."""
-    claiming = {
+def claim_args(tokens: list[int], now: datetime) -> dict[str, object]:
+    """The parameters of `job_claim` that record `tokens` as succeeded and claim up to 10 jobs."""
+    return {
+        "completed": tokens,
+        "results": [None] * len(tokens),
+        "retain": True,
+        "now": now,
         "queues": ["default"],
         "slots": [10],
         "worker_id": 1,
         "lease_expires_at": now + timedelta(seconds=30),
-        "until": [None],
     }
-    if "unlimited" not in statement:
-        claiming["capacity"] = [10]
-    if statement in ("job_claim", "job_claim_unlimited"):
-        completed = {"completed": tokens, "results": [None] * len(tokens), "retain": True}
-        return {**completed, "now": now, **claiming}
-    return {**outcomes(tokens, now), **claiming}
 
 
-CLAIMS = [
-    "job_claim",
-    "job_claim_recording",
-    "job_claim_unlimited",
-    "job_claim_unlimited_recording",
-]
+CLAIMS = ["job_claim"]
 
 
 @pytest.mark.parametrize("plan_cache_mode", ["auto", "force_generic_plan"])
@@ -91,7 +81,7 @@ async def test_claim_uses_the_claim_index(
 ) -> None:
     # workers claim with a generic plan (jobq.queue.worker), so that plan is checked too
     await filled.execute(f"SET plan_cache_mode = {plan_cache_mode}")
-    text = await plan(filled, getattr(sql, statement), **claim_args(statement, [], clock.now()))
+    text = await plan(filled, getattr(sql, statement), **claim_args([], clock.now()))
     assert re.search(r"Index Scan using job_claim_idx on job", text), text
     # the index gives the order: no sort of the ripe jobs (the only sort is of the claimed
     # jobs' starts, for the rate windows of limited queues, never run without one)
@@ -102,21 +92,9 @@ async def test_claim_uses_the_claim_index(
 async def running(conn: Connection) -> list[int]:
     """Claim 3,000 of the filled jobs (so `job_running` is big enough for a plan to matter)."""
     now = clock.now()
-    rows = await sql.job_claim.fetch(
-        conn,
-        completed=[],
-        results=[],
-        retain=True,
-        now=now,
-        queues=["default"],
-        slots=[3000],
-        worker_id=1,
-        lease_expires_at=now + timedelta(seconds=30),
-        capacity=[None],
-        until=[None],
-    )
+    row = await sql.job_claim.fetchrow(conn, **{**claim_args([], now), "slots": [3000]})
     await conn.execute("ANALYZE job_running")
-    return [r["token"] for r in rows if r["id"] is not None]
+    return [job["token"] for job in row["jobs"]]
 
 
 @pytest.mark.parametrize("plan_cache_mode", ["auto", "force_generic_plan"])
@@ -127,13 +105,10 @@ async def test_acks_find_their_rows_by_the_token_index(
     tokens = await running(filled)
     await filled.execute(f"SET plan_cache_mode = {plan_cache_mode}")
     now = clock.now()
-    if statement == "job_record":
-        args = outcomes(tokens[:30], now)
-    else:
-        args = claim_args(statement, tokens[:30], now)
+    args = outcomes(tokens[:30], now) if statement == "job_record" else claim_args(tokens[:30], now)
     text = await plan(filled, getattr(sql, statement), **args)
     # completed (and failed and buried) each find their rows by token, never by a scan
-    lookups = 1 if statement in ("job_claim", "job_claim_unlimited") else 3
+    lookups = 1 if statement == "job_claim" else 3
     found = re.findall(r"Index Scan using job_running_token_key on job_running", text)
     assert len(found) >= lookups, text
     assert not re.search(r"Seq Scan on job_running\b", text), text
@@ -213,8 +188,8 @@ async def test_the_claim_never_walks_the_jobs_scheduled_later(
     """Fewer jobs ripe than free slots, behind 300,000 scheduled for next year (issue 12's
     large queue): the claim reads the index around the ripe jobs of each priority, not the
     scheduled ones (a plain range scan of the line reads every leaf page of the index). The
-    same for a queue with limits that do not bind, whose turn (`job_claimable`) leaves the walk
-    of its line to the claim statement."""
+    same for a queue with limits that do not bind, whose turn (`job_claim_turns`) walks its
+    line the same way (`job_line`)."""
     if limited:  # every kind of limit, none binding
         await conn.execute(
             "UPDATE job_queue SET max_running = 1000, max_running_per_key = 100,"
@@ -246,14 +221,12 @@ async def test_the_claim_never_walks_the_jobs_scheduled_later(
         "slots": ("int[]", "'{16}'"),
         "worker_id": ("int", "1"),
         "lease_expires_at": ("timestamptz", f"'{later.isoformat()}'"),
-        "capacity": ("int[]", "'{NULL}'"),
-        "until": ("timestamptz[]", "'{NULL}'"),
     }
     types = ", ".join(given[name][0] for name in sql.job_claim.params)
     values = ", ".join(given[name][1] for name in sql.job_claim.params)
     await conn.execute(f"PREPARE claim ({types}) AS {sql.job_claim.text}")
     for explain in ("", "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) "):
-        tx = conn.transaction()  # the first claim plans job_claimable's statements: not counted
+        tx = conn.transaction()  # the first claim plans job_claim_turns's statements: not counted
         await tx.start()
         try:
             rows = await conn.fetch(f"{explain}EXECUTE claim ({values})")
@@ -266,7 +239,7 @@ async def test_the_claim_never_walks_the_jobs_scheduled_later(
     assert re.search(r"Index Scan using job_claim_idx on job", text), text
     read = sum(_buffers_of(text, "using job_claim_idx on job"))
     if limited:  # the turn's statements count in the Function Scan
-        read += sum(_buffers_of(text, "Function Scan on job_claimable"))
+        read += sum(_buffers_of(text, "Function Scan on job_claim_turns"))
     assert 0 < read < index_pages / 4, (read, index_pages, text)
 
 

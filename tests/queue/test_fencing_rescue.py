@@ -50,7 +50,7 @@ async def kill_listener(worker: Worker, conn: Connection, how: str) -> None:
     """Make `worker` look dead to the others: its listener session (and lock) ends, and its
     process has no session left. A test cannot end its own process, so the worker's row is
     pointed at a pid with no session (what the rescue sees when a process dies)."""
-    listener = worker._listener
+    listener = worker.listener.conn
     assert listener is not None
     if how == "close":
         await listener.close()

@@ -18,7 +18,7 @@ from freezegun import freeze_time
 from pydantic import BaseModel
 
 from jobq.db import Connection, transaction
-from jobq.queue import Job, JobContext, Registry, Worker, enqueue, hub, store
+from jobq.queue import Job, JobContext, Registry, Worker, enqueue, hub, store, wakeup
 from jobq.queue.hub import Hub
 from tests.queue.conftest import NewWorker
 from tests.queue.helpers import MakeWorker
@@ -258,13 +258,13 @@ async def fleet(
         await worker.start()
         stop = asyncio.Event()
         members.append((worker, stop, asyncio.create_task(worker.run(stop))))
-    saved = set(store.wakeups)
-    store.wakeups.clear()
+    saved = set(wakeup.events)
+    wakeup.events.clear()
     try:
         await asyncio.sleep(0.3)  # each found nothing, told the hub it is idle and sleeps
         yield members
     finally:
-        store.wakeups.update(saved)
+        wakeup.events.update(saved)
         for _, stop, _task in members:
             stop.set()
         await asyncio.gather(*(task for _, _, task in members))
@@ -290,7 +290,7 @@ async def test_one_worker_listens_and_a_job_wakes_one_worker(
     done = Running()
     done.release.set()
     async with fleet(new_worker, done.handlers(), 4) as members:
-        assert sum(w._listening for w, _, _ in members) == 1
+        assert sum(w.wakeups.listening for w, _, _ in members) == 1
         claims.clear()
         jobs = 20
         for n in range(jobs):
@@ -352,7 +352,9 @@ async def test_fast_jobs_after_slow_jobs_of_another_type_stay_with_the_worker_th
         slow_ran.append(job.worker_id)
 
     async with fleet(new_worker, handlers, 4, max_concurrent_jobs=2) as members:
-        hub_worker = next(w for w, _, _ in members if w._hub is not None and w._hub.leading)
+        hub_worker = next(
+            w for w, _, _ in members if w.wakeups.hub is not None and w.wakeups.hub.leading
+        )
         for n in range(2):
             await enqueue(Job(job_type="slow", arguments={"n": n}))
 
@@ -407,7 +409,9 @@ async def test_a_followers_poll_leaves_the_claim_to_its_hub_whose_poll_covers_it
     done.release.set()
     poll = 0.1
     async with fleet(new_worker, done.handlers(), 2, poll_interval=poll) as members:
-        hub_worker = next(w for w, _, _ in members if w._hub is not None and w._hub.leading)
+        hub_worker = next(
+            w for w, _, _ in members if w.wakeups.hub is not None and w.wakeups.hub.leading
+        )
         follower = next(w for w, _, _ in members if w is not hub_worker)
         assert hub_worker.id is not None
         assert follower.id is not None
@@ -416,7 +420,7 @@ async def test_a_followers_poll_leaves_the_claim_to_its_hub_whose_poll_covers_it
         assert claims[follower.id] == 0, claims  # it said it is idle again, claimed nothing
         assert claims[hub_worker.id] >= 3, claims  # the hub polled
         # a job with no notification and no wake-up: the hub's poll claims it
-        monkeypatch.setattr(store, "wake_workers", lambda database: None)
+        monkeypatch.setattr(wakeup, "wake_workers", lambda database: None)
         await enqueue(Job(job_type="hold"))
 
         async def ran() -> bool:
@@ -433,7 +437,7 @@ async def test_when_the_hub_and_the_leader_stop_other_workers_take_their_places(
     done.release.set()
     async with fleet(new_worker, done.handlers(), 3, heartbeat_interval=0.05) as members:
         assert [w.leader for w, _, _ in members].count(True) == 1
-        hub_worker, stop, task = next(m for m in members if m[0]._listening)
+        hub_worker, stop, task = next(m for m in members if m[0].wakeups.listening)
         leader = next(w for w, _, _ in members if w.leader)
         stop.set()
         await task
@@ -442,7 +446,7 @@ async def test_when_the_hub_and_the_leader_stop_other_workers_take_their_places(
         rest = [w for w, _, t in members if not t.done() and w is not leader]
 
         async def taken() -> bool:
-            return sum(w._listening for w in rest) == 1 and sum(w.leader for w in rest) == 1
+            return sum(w.wakeups.listening for w in rest) == 1 and sum(w.leader for w in rest) == 1
 
         await eventually(taken, within=10, what="another hub and leader")
         await enqueue(Job(job_type="hold"))
@@ -464,7 +468,7 @@ async def test_the_lead_passes_at_the_next_heartbeat_when_its_leader_dies_or_han
             await worker.heartbeat()
         assert (a.leader, b.leader, c.leader) == (True, False, False)
         # dead: its liveness lock gone, the next heartbeat of any worker takes the lead
-        pid = a._listener.get_server_pid() if a._listener is not None else 0
+        pid = a.listener.conn.get_server_pid() if a.listener.conn is not None else 0
         assert await conn.fetchval("SELECT pg_terminate_backend($1, 5000)", pid)
         await b.heartbeat()
         assert b.leader

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import pytest
@@ -14,9 +15,16 @@ from pydantic import BaseModel
 from jobq import clock, db
 from jobq.db import Connection, Database
 from jobq.errors import Snooze
-from jobq.queue import Job, JobContext, Registry, control, enqueue, enqueue_many, metrics
+from jobq.queue import Job, JobContext, Registry, control, enqueue, enqueue_many, metrics, sql
+from jobq.queue.leader import depth
 from jobq.queue.metrics import BOUNDS, Tally
 from tests.queue.helpers import MakeWorker
+from tests.toolkit.procs import eventually
+
+if TYPE_CHECKING:  # generic only in asyncpg-stubs
+    RecordConnection = asyncpg.Connection[asyncpg.Record]
+else:
+    RecordConnection = asyncpg.Connection
 
 
 class Args(BaseModel):
@@ -200,7 +208,7 @@ async def test_the_depth_snapshot_counts_ripe_scheduled_and_held_jobs(
         ]
     )
     assert await worker.run_once() == 3  # one of capped, one of each key
-    taken = await metrics.take_depth_snapshot(
+    taken = await depth.take_depth_snapshot(
         database, now=clock.now(), interval=timedelta(seconds=5), retention=timedelta(days=7)
     )
     release.set()
@@ -224,10 +232,11 @@ async def test_one_process_takes_the_snapshot_per_interval_or_slower(database: D
     interval = timedelta(seconds=5)
 
     async def take(at_s: float) -> int:
-        return await metrics.take_depth_snapshot(
+        return await depth.take_depth_snapshot(
             database, now=now + timedelta(seconds=at_s), interval=interval, retention=interval
         )
 
+    # exactly one, however the four interleave (the next test forces the worst interleaving)
     assert sorted(await asyncio.gather(*(take(0) for _ in range(4)))) == [0, 0, 0, 1]
     assert await take(1) == 0  # fresh still
     assert await take(3) == 1  # older than half an interval
@@ -236,3 +245,61 @@ async def test_one_process_takes_the_snapshot_per_interval_or_slower(database: D
         await conn.execute("UPDATE job_depth SET took_s = 1")
     assert await take(3 + 19) == 0
     assert await take(3 + 21) == 1
+
+
+GATE = (4242, 1)
+"""An advisory lock (no jobq lock's) that a test holds to stop a taker's election in its tracks."""
+
+
+class Paused(RecordConnection):
+    """A connection whose statements, before they try the metrics lock, wait at `GATE` (a
+    shared lock: they pass once the test releases it). The wait comes after the statement has
+    begun, so after its snapshot: the pause a busy machine may put a process in at that very
+    place."""
+
+    async def fetchval(
+        self,
+        query: str,
+        *args: object,
+        column: int = 0,
+        timeout: float | None = None,  # noqa: ASYNC109 (asyncpg's)
+    ) -> Any:
+        lock = "pg_try_advisory_xact_lock("
+        gated = query.replace(lock, f"pg_advisory_xact_lock_shared{GATE} IS NOT NULL AND {lock}")
+        return await super().fetchval(gated, *args, column=column, timeout=timeout)
+
+
+async def test_a_taker_whose_election_began_before_a_snapshot_committed_does_not_take_it(
+    database: Database, conn: Connection
+) -> None:
+    # The late taker's election begins (its first statement's snapshot is taken) and stops at
+    # the gate; the first taker is elected, takes a snapshot and commits, which releases the
+    # metrics lock; then the late one goes on, and the lock is free. Judged by what its first
+    # statement saw, there is no snapshot: the freshness check must read the database as of
+    # after the lock was taken, when the first taker's snapshot is there to see.
+    now, fresh_for = clock.now(), timedelta(seconds=5)
+    first = await db.connect(database.direct_dsn)
+    late: Paused = await asyncpg.connect(database.direct_dsn, connection_class=Paused)
+
+    async def waiting_at_gate() -> bool:
+        return bool(
+            await conn.fetchval(
+                "SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory'"
+                " AND classid = $1 AND objid = $2 AND objsubid = 2 AND NOT granted)",
+                *GATE,
+            )
+        )
+
+    try:
+        await conn.execute("SELECT pg_advisory_lock($1, $2)", *GATE)
+        async with late.transaction():
+            electing = asyncio.create_task(depth.elect(late, now=now, fresh_for=fresh_for))
+            await eventually(waiting_at_gate, what="the late taker waiting at the gate")
+            async with first.transaction():
+                assert await depth.elect(first, now=now, fresh_for=fresh_for)
+                assert await sql.job_depth_take.execute(first, now=now) == "INSERT 0 1"
+            await conn.execute("SELECT pg_advisory_unlock($1, $2)", *GATE)
+            assert await electing is False
+    finally:
+        await late.close()
+        await first.close()

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from jobq.queue import dead, sql
+from jobq.queue import sql
 from jobq.queue.sql import Query
 
 
@@ -24,12 +24,7 @@ def test_a_missing_or_unknown_parameter_is_a_type_error(values: dict[str, int]) 
         Query("SELECT :a, :b").args(**values)
 
 
-STATEMENTS = {
-    name: value
-    for module in (sql, dead)
-    for name, value in vars(module).items()
-    if isinstance(value, Query)
-}
+STATEMENTS = sql.STATEMENTS
 
 
 @pytest.mark.parametrize("name", sorted(STATEMENTS))

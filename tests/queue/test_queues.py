@@ -151,7 +151,7 @@ async def test_a_pause_stops_every_worker_from_its_commit_on(
     """Three workers claim a stream of jobs; a pause commits. No claim starts after that
     commit (only a claim already in flight, whose time is earlier, may still take jobs); the
     jobs running finish normally; enqueueing goes on; a resume lets the workers claim again.
-    Both claim paths: a queue without limits, and one with limits (`job_claimable`)."""
+    Both claim paths: a queue without limits, and one with limits (`job_claim_turns`)."""
     handlers = Registry()
     handlers.queue("work", max_running_per_key=per_key)
     gate = Gate()
@@ -255,7 +255,7 @@ async def test_a_global_limit_holds_across_workers_claiming_at_once(
 
 TURN_LOCK = 1785684594
 """The class of the transaction locks by which the claims of a limited queue take turns (by the
-queue's id: `job_claimable`, sql/016_limits_budget.sql)."""
+queue's id: sql/functions/job_claim_turns.sql)."""
 
 
 async def test_a_claim_takes_a_limited_queues_turn_only_when_the_queue_holds_a_ripe_job(

@@ -132,7 +132,7 @@ async def test_listener_reconnect_does_not_hand_out_running_jobs(
     try:
         assert await worker_a.run_once() == 1
         await gate.wait_entered(1)
-        listener = worker_a._listener
+        listener = worker_a.listener.conn
         assert listener is not None
         await conn.fetchval("SELECT pg_terminate_backend($1, 5000)", listener.get_server_pid())
         await eventually(lambda: not worker_a.alive)
@@ -250,7 +250,7 @@ async def test_a_failed_claim_replaces_the_listener(
 
     created = await enqueue(Job(job_type="noop"))
     worker = await make_worker(handlers)
-    listener = worker._listener
+    listener = worker.listener.conn
     assert listener is not None
     # this session can no longer write: every claim on it fails
     await listener.execute("SET default_transaction_read_only = on")
@@ -260,7 +260,7 @@ async def test_a_failed_claim_replaces_the_listener(
     assert not worker.alive
     assert await worker.heartbeat() == 0  # reconnects
     assert worker.alive
-    assert worker._listener is not listener
+    assert worker.listener.conn is not listener
     assert await worker.run_once() == 1
     await worker.wait_idle()
     assert await where(conn, created.id) == []
@@ -289,7 +289,7 @@ async def test_claims_whose_answer_was_lost_go_back_on_reconnect(
     (lost,) = await store.claim(
         conn, worker_id=worker.id, max_jobs=1, now=now, lease_expires_at=now + LEASE
     )
-    listener = worker._listener
+    listener = worker.listener.conn
     assert listener is not None
     await conn.fetchval("SELECT pg_terminate_backend($1, 5000)", listener.get_server_pid())
     await eventually(lambda: not worker.alive)

@@ -1,4 +1,4 @@
-"""How a claim writes its starts (`job_rate`, sql/013_limits_cheaper.sql), and that a key's
+"""How a claim writes its starts (`job_rate`, sql/schema.sql), and that a key's
 starts are counted whichever way they were written.
 
 A claim that no key's rate can stop (the queue's starts within the key period plus the claim's

@@ -3,7 +3,7 @@
 A claim's time is its worker's `now`, read before the statement runs; claims of a limited queue
 take turns under a lock, so one that waited for the lock can come after a claim whose time is
 later (and hosts' clocks differ a little). A claim then counts as starting at the window's last
-start (`job_claimable`), never before it, so each window's starts stay in order and no window of
+start (`job_claim_turns`), never before it, so each window's starts stay in order and no window of
 the period holds more than the rate. (The chaos limits scenario found the disorder: before, a
 claim trimmed the window at its own time and a claim timed earlier over-counted nothing.)
 """

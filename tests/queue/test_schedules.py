@@ -14,8 +14,8 @@ from pydantic import BaseModel
 
 from jobq.db import Connection, Database
 from jobq.queue import JobContext, Registry
+from jobq.queue.leader.schedules import enqueue_due
 from jobq.queue.recurrence import Cron, Interval, Rule, ScheduleSpec, due, wall_time, zone
-from jobq.queue.schedule import enqueue_due
 from tests.queue.helpers import MakeWorker
 
 PARIS = zone("Europe/Paris")

@@ -1,4 +1,4 @@
-"""The shape of the background services (`jobq.queue.maintenance.Service`): a round every
+"""The shape of the background services (`jobq.queue.service.Service`): a round every
 interval, and, for the fleet's upkeep, rounds only while the worker leads, with no timer
 running meanwhile."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
-from jobq.queue.maintenance import Service
+from jobq.queue.service import Service
 from tests.toolkit.procs import eventually
 
 

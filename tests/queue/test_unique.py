@@ -13,7 +13,7 @@ from jobq import clock, db
 from jobq.db import Connection, Database
 from jobq.errors import DuplicateJob
 from jobq.queue import Job, JobContext, Registry, enqueue, enqueue_many
-from jobq.queue.maintenance import prune_finished
+from jobq.queue.leader.prune import prune_finished
 from jobq.queue.model import ALLOW_DUPLICATES, Unique
 from tests.queue.helpers import MakeWorker
 

@@ -228,13 +228,13 @@ async def test_listener_reconnects_and_listens_again(
     async with running(
         new_worker, starts.handlers(), poll_interval=SLOW_POLL, heartbeat_interval=0.1
     ) as worker:
-        listener = worker._listener
+        listener = worker.listener.conn
         assert listener is not None
         assert await conn.fetchval(
             "SELECT pg_terminate_backend($1, 5000)", listener.get_server_pid()
         )
         # the heartbeat (every 0.1 s) reconnects the listener
-        await eventually(lambda: worker.alive and worker._listener is not listener, within=2)
+        await eventually(lambda: worker.alive and worker.listener.conn is not listener, within=2)
         await asyncio.sleep(0.1)  # settled back into its 30 s idle sleep
         async with conn.transaction():
             await insert_job(conn, n=1, notify=True)
@@ -266,9 +266,9 @@ async def test_a_job_that_ripened_since_the_last_claim_is_due_at_once(
         await enqueue(Job(job_type="tick", arguments={"n": 2}).runs_at(t0 + timedelta(seconds=3)))
         worker = await make_worker(Starts().handlers(), poll_interval=SLOW_POLL)
         assert await worker.run_once() == 0  # woken just before the first ripe_at
-        assert await worker._idle_timeout() == pytest.approx(1.0)
+        assert await worker.wakeups.idle_timeout() == pytest.approx(1.0)
         frozen.move_to(t0 + timedelta(seconds=1))  # it ripened while the claim ran
-        assert await worker._idle_timeout() == 0  # not 2 s, the wait for the second job
+        assert await worker.wakeups.idle_timeout() == 0  # not 2 s, the wait for the second job
         assert await worker.run_once() == 1
         await worker.wait_idle()
 
