@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 DOCS_INSTALLED := $(VENV)/.docs-installed
 
-.PHONY: help run test chaos bench lint docs format worker migrate db-stop clean
+.PHONY: help run test chaos bench bench-all lint docs format worker migrate db-stop clean
 
 help: ## Show the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-9s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -27,8 +27,11 @@ test: $(INSTALLED) ## Run the tests against a fresh database (embedded PostgreSQ
 chaos: $(INSTALLED) ## Run the fault, fuzz and load scenarios (real processes; prints JSON figures)
 	$(BIN)/pytest -m chaos -s tests/chaos
 
-bench: $(INSTALLED) ## Run the benchmarks on a fresh database (prints JSON lines, then a table)
-	$(BIN)/python -m bench
+bench: $(INSTALLED) ## Run the headline benchmarks (BASELINE=rev compares); writes docs/benchmarks.md
+	$(BIN)/python -m bench --docs docs/benchmarks.md $(if $(BASELINE),--baseline $(BASELINE))
+
+bench-all: $(INSTALLED) ## Run every benchmark (BASELINE=rev compares); writes docs/benchmarks.md
+	$(BIN)/python -m bench --all --docs docs/benchmarks.md $(if $(BASELINE),--baseline $(BASELINE))
 
 lint: $(INSTALLED) ## ruff check, ruff format --check, mypy --strict
 	$(BIN)/ruff check .

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import children
 from bench.harness import BenchDatabase
 from jobq import db
 from jobq.config import Settings
@@ -40,8 +41,9 @@ class Context:
     def spawn(self, command: str, what: str, *, module: str = "jobq", **env: str) -> Proc:
         """Start `python -m <module> [<command>]` on the benchmark database (see
         `tests.toolkit.procs.spawn`) with a quiet log and the benchmark's handlers, then `env`;
-        its log is `log_dir/<what>-run<n>.log`."""
-        return spawn(
+        its log is `log_dir/<what>-run<n>.log`. It is stopped at exit if still running
+        (`bench.children`)."""
+        proc = spawn(
             command,
             self.name(what),
             database_url=self.dsn,
@@ -49,6 +51,8 @@ class Context:
             env={"JOBQ_LOG_LEVEL": "WARNING", "JOBQ_JOB_MODULES": "bench.handlers", **env},
             module=module,
         )
+        children.track(proc.popen)
+        return proc
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[Connection]:

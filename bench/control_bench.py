@@ -39,7 +39,7 @@ from datetime import UTC, datetime, timedelta
 from bench.context import Context, Figures
 from bench.handlers import NOOP, SLEEP, STAMP
 from bench.loadgen import percentile
-from bench.queue_bench import _worker_drain
+from bench.queue_bench import RAW_JOBS, _worker_drain
 from jobq import clock
 from jobq.queue import Job, enqueue
 from jobq.queue.control import JobState, await_end, cancel, waiters
@@ -52,8 +52,8 @@ WAITS = 200
 
 async def retention_overhead(ctx: Context) -> list[Figures]:
     """Throughput at concurrency 16 without retention, then with it."""
-    off = await _worker_drain(ctx, 16, JOBQ_RETENTION_S="0")
-    on = await _worker_drain(ctx, 16)
+    off = await _worker_drain(ctx, 16, RAW_JOBS, JOBQ_RETENTION_S="0")
+    on = await _worker_drain(ctx, 16, RAW_JOBS)
     return [
         {
             "concurrency": 16,

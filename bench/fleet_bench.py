@@ -7,10 +7,11 @@ fleet size starts its workers (`python -m jobq worker`, `bench.handlers`, defaul
 pool of at most 2 connections and a 1 s drain timeout), waits until every one has registered and
 the fleet has settled (`SETTLE_S`), then measures:
 
-- `idle`: `IDLE_JOBS` `bench_noop` jobs, each enqueued in its own transaction by `enqueue`, one
-  every 20 ms (50 jobs/s) on a fixed schedule, until they have all run.
-- `busy`: `BUSY_JOBS` `bench_noop` jobs enqueued by one `enqueue_many`, drained at full speed.
-- pickup latency (on the `idle` line): `PICKUP_JOBS` `bench_stamp` jobs at 50 jobs/s, as
+- `idle`: `IDLE_JOBS` (500) `bench_noop` jobs, each enqueued in its own transaction by
+  `enqueue`, one every 20 ms (50 jobs/s) on a fixed schedule, until they have all run.
+- `busy`: `BUSY_JOBS` (10,000) `bench_noop` jobs enqueued by one `enqueue_many`, drained at
+  full speed.
+- pickup latency (on the `idle` line): `PICKUP_JOBS` (500) `bench_stamp` jobs at 50 jobs/s, as
   `pickup_latency` does (the handler's first wall-clock reading minus the producer's reading
   right after its COMMIT returned), with 1 and with 50 idle workers; and, where the kernel runs
   DAMON, the share of a core its threads took during each pickup run (`kdamond_cpu_s`).
@@ -38,6 +39,7 @@ from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 
+from bench import children
 from bench.context import Context, Figures
 from bench.handlers import NOOP, STAMP, TABLES_SQL
 from bench.harness import wait_drained
@@ -49,13 +51,13 @@ from jobq.queue import Job, enqueue, enqueue_many
 from jobq.queue.sql import WORKER_LOCK_CLASS
 from tests.toolkit.database import fresh_database
 from tests.toolkit.postgres import PostgresInstance
-from tests.toolkit.procs import eventually, spawn
+from tests.toolkit.procs import Proc, eventually, spawn
 
 FLEET = 50
 RATE_PER_S = 50.0
 IDLE_JOBS = 500
-PICKUP_JOBS = 1_000
-BUSY_JOBS = 20_000
+PICKUP_JOBS = 500
+BUSY_JOBS = 10_000
 SETTLE_S = 12.0
 """Seconds from the last worker's registration to the first measurement: the workers' start-up
 is over, and the server has published its counts of it. PostgreSQL (15 and later) holds an idle
@@ -193,18 +195,15 @@ async def _measure(
 ) -> dict[str, Any]:
     """Start `size` workers and measure them (see the module's docstring)."""
     await _reset(conn)
-    procs = [
-        spawn(
-            "worker",
-            ctx.name(f"fleet{size}-w{k}"),
-            database_url=dsn,
-            log_dir=ctx.log_dir,
-            env=WORKER_ENV,
-        )
-        for k in range(size)
-    ]
+    procs: list[Proc] = []
     out: dict[str, Any] = {"idle": {}, "busy": {}}
     try:
+        for k in range(size):
+            name = ctx.name(f"fleet{size}-w{k}")
+            procs.append(
+                spawn("worker", name, database_url=dsn, log_dir=ctx.log_dir, env=WORKER_ENV)
+            )
+            children.track(procs[-1].popen)
 
         async def all_registered() -> bool:
             count = await conn.fetchval(

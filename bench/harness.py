@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import asyncpg
+import psutil  # type: ignore[import-untyped]
 
 from bench.handlers import TABLES_SQL
 from jobq import db, embedded
@@ -57,16 +58,20 @@ class BenchDatabase:
             await conn.close()
 
 
+async def server_dsn() -> str:
+    """A DSN to the benchmarks' server: `DATABASE_URL`'s, else the embedded server's (started
+    if it is not running)."""
+    settings = Settings()
+    if settings.database_url is not None:
+        return settings.database_url.get_secret_value()
+    return await asyncio.to_thread(embedded.start, settings.pgdata_dir)
+
+
 @contextlib.asynccontextmanager
 async def bench_database() -> AsyncIterator[BenchDatabase]:
     """Create, migrate and yield a fresh database with the benchmark's tables; drop it at the
     end."""
-    settings = Settings()
-    if settings.database_url is not None:
-        admin_dsn = settings.database_url.get_secret_value()
-    else:
-        admin_dsn = await asyncio.to_thread(embedded.start, settings.pgdata_dir)
-    async with fresh_database(admin_dsn, "jobq_bench") as dsn:
+    async with fresh_database(await server_dsn(), "jobq_bench") as dsn:
         conn = await db.connect(dsn)
         try:
             await conn.execute(TABLES_SQL)
@@ -76,7 +81,7 @@ async def bench_database() -> AsyncIterator[BenchDatabase]:
 
 
 async def machine(dsn: str) -> dict[str, Any]:
-    """The machine's description: cores, CPU model, PostgreSQL's version and its
+    """The machine's description: cores, CPU model, memory, PostgreSQL's version and its
     `synchronous_commit`, Python's version."""
     conn = await asyncpg.connect(dsn)
     try:
@@ -87,6 +92,7 @@ async def machine(dsn: str) -> dict[str, Any]:
     return {
         "cores": os.cpu_count(),
         "cpu": cpu_model(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "postgresql": version,
         "synchronous_commit": sync,
         "python": platform.python_version(),
@@ -151,7 +157,5 @@ def rss_mb(pid: int) -> tuple[float, float]:
             if name in ("VmRSS", "VmHWM"):
                 fields[name] = int(value.split()[0]) / 1024  # kB
         return fields["VmRSS"], fields["VmHWM"]
-    import psutil  # type: ignore[import-untyped]
-
     rss = psutil.Process(pid).memory_info().rss / 2**20
     return rss, rss

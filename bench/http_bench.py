@@ -7,15 +7,15 @@ jobq run` (what `make run` runs: the supervisor, with its web and worker process
 per CPU), each with default settings but `JOBQ_LOG_LEVEL=WARNING`, so no access log line per
 request, `JOBQ_WEBHOOK_ALLOW_PRIVATE=true` for the local receiver and no per-key rate limit, on
 a free port and a fresh database; `USERS` users whose webhook is a `WebhookReceiver` in this
-process (keep-alive, signature checked). Then `bench.loadgen.closed_loop`: `CONNECTIONS`
-keep-alive connections for `DURATION_S` seconds, each `POST /users/<id>/reminders` (users in
+process (keep-alive, signature checked). Then `bench.loadgen.closed_loop`: `CONNECTIONS` (32)
+keep-alive connections for `DURATION_S` (10) seconds, each `POST /users/<id>/reminders` (users in
 turn, each with its API key) due 0.5 to 2 s later, so the worker delivers them while the load
 goes on. `req_per_s`: 201 answers per second; `p50_ms`/`p99_ms`: latency of every answer;
 `errors`: non-201 answers plus transport errors and timeouts. Then the load stops and
 `delivered` counts the reminders the receiver got within `DELIVERY_WAIT_S`, `drain_s` how long
 after the load the last one arrived. Then `python -m bench.bare` (same settings, same
-hypercorn set-up, one process) under the same load for `BARE_DURATION_S`: `bare_req_per_s`
-on both lines; `ratio_to_bare` is each line's req_per_s over it.
+hypercorn set-up, one process) under the same load for `BARE_DURATION_S` (5 s):
+`bare_req_per_s` on both lines; `ratio_to_bare` is each line's req_per_s over it.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from tests.toolkit.receiver import WebhookReceiver
 
 USERS = 100
 CONNECTIONS = 32
-DURATION_S = 20.0
+DURATION_S = 10.0
 SERVERS = ("serve", "run")
-BARE_DURATION_S = 10.0
+BARE_DURATION_S = 5.0
 DELIVERY_WAIT_S = 60.0
 WEBHOOK_SECRET = "bench-webhook-secret"  # noqa: S105 (a benchmark's value)
 

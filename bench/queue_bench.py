@@ -1,4 +1,4 @@
-"""The queue's workloads: `throughput`, `pickup_latency`, `scheduled_lateness`,
+"""The queue's workloads: `throughput`, `throughput_raw`, `pickup_latency`, `scheduled_lateness`,
 `enqueue_concurrent` and `memory`. Each function is one run and returns its lines' figures.
 
 Every run starts from empty tables (TRUNCATE: no dead rows left by the previous one). Worker
@@ -8,19 +8,22 @@ public API (`enqueue`, `enqueue_many` on a `jobq.db.Database`).
 
 What is timed, exactly:
 
-- `throughput`: the worker process is started and registered (idle, LISTENing) before the
-  20,000 jobs are enqueued. `enqueue_jobs_per_s`: 20,000 / the `enqueue_many` call (one
-  statement and its COMMIT; building the `Job` objects is not timed). `jobs_per_s`: 20,000 /
-  (from the moment that COMMIT returned to the moment `job` and `job_running` are both seen
-  empty, i.e. the last outcome is committed). The first claim follows the commit by about a
-  millisecond (the NOTIFY; see pickup_latency); the end is polled through indexes, every 10 ms
-  while jobs are queued and every 1 ms once only running ones remain. `raw_jobs_per_s`: the
-  same 20,000 jobs enqueued the same way, drained by `raw_connections` plain asyncpg
-  connections in this process (as many as the worker's slots, fewer when the server's
-  `max_connections` leaves no room), each repeating `RAW_CLAIM` (one autocommit transaction
-  per job) until it finds nothing; timed from the start of the loops to the end of the last
-  one, the connections being open beforehand. `ratio_to_raw`: jobs_per_s / raw_jobs_per_s of
-  the same run.
+- `throughput`: at each concurrency (the worker's slots: 1, 16, 64) a worker process is started
+  and registered (idle, LISTENing) before the jobs are enqueued: `THROUGHPUT_JOBS` no-op jobs
+  (5,000 at concurrency 1, 20,000 at 16 and 64). `enqueue_jobs_per_s`: the jobs / the
+  `enqueue_many` call (one statement and its COMMIT; building the `Job` objects is not timed).
+  `jobs_per_s`: the jobs / (from the moment that COMMIT returned to the moment `job` and
+  `job_running` are both seen empty, i.e. the last outcome is committed). The first claim
+  follows the commit by about a millisecond (the NOTIFY; see pickup_latency); the end is polled
+  through indexes, every 10 ms while jobs are queued and every 1 ms once only running ones
+  remain.
+- `throughput_raw`: at concurrency 16 and 128, the worker's drain of 20,000 jobs as in
+  `throughput`, then `raw_jobs_per_s`: the same 20,000 jobs enqueued the same way, drained by
+  `raw_connections` plain asyncpg connections in this process (as many as the worker's slots,
+  fewer when the server's `max_connections` leaves no room), each repeating `RAW_CLAIM` (one
+  autocommit transaction per job) until it finds nothing; timed from the start of the loops to
+  the end of the last one, the connections being open beforehand. `ratio_to_raw`: jobs_per_s /
+  raw_jobs_per_s of the same run.
 - `pickup_latency`: an idle worker (16 slots); 500 `bench_stamp` jobs, each enqueued in its own
   transaction by `enqueue`, one every 20 ms on a fixed schedule. Latency: the handler's first
   reading of the wall clock minus the producer's reading right after its COMMIT returned.
@@ -55,8 +58,10 @@ from jobq.db import Connection
 from jobq.queue import Job, enqueue, enqueue_many
 from tests.toolkit.procs import Proc, check_running, registered
 
-THROUGHPUT_JOBS = 20_000
-CONCURRENCIES = (1, 16, 64, 128)
+THROUGHPUT_JOBS = {1: 5_000, 16: 20_000, 64: 20_000}
+"""The jobs drained at each concurrency of `throughput` (a drain of several seconds at each)."""
+RAW_JOBS = 20_000
+RAW_CONCURRENCIES = (16, 128)
 PICKUP_JOBS = 500
 PICKUP_RATE_PER_S = 50.0
 SCHEDULED_JOBS = 500
@@ -96,12 +101,20 @@ def _noop_jobs(count: int) -> list[Job]:
 
 
 async def throughput(ctx: Context) -> list[Figures]:
-    """One run at each concurrency (1, 16, 64, 128): the worker's drain, then the raw one."""
+    """One drain at each concurrency of `THROUGHPUT_JOBS`."""
+    return [
+        {"concurrency": concurrency, "jobs": jobs, **await _worker_drain(ctx, concurrency, jobs)}
+        for concurrency, jobs in THROUGHPUT_JOBS.items()
+    ]
+
+
+async def throughput_raw(ctx: Context) -> list[Figures]:
+    """At each of `RAW_CONCURRENCIES`: the worker's drain, then the raw one."""
     lines = []
-    for concurrency in CONCURRENCIES:
-        worker = await _worker_drain(ctx, concurrency)
+    for concurrency in RAW_CONCURRENCIES:
+        worker = await _worker_drain(ctx, concurrency, RAW_JOBS)
         raw_s, raw_connections = await _raw_drain(ctx, concurrency)
-        raw_jobs_per_s = THROUGHPUT_JOBS / raw_s
+        raw_jobs_per_s = RAW_JOBS / raw_s
         lines.append(
             {
                 "concurrency": concurrency,
@@ -114,10 +127,10 @@ async def throughput(ctx: Context) -> list[Figures]:
     return lines
 
 
-async def _worker_drain(ctx: Context, concurrency: int, **env: str) -> Figures:
-    """The worker's drain of `THROUGHPUT_JOBS` no-op jobs at `concurrency` (settings: `env`)."""
+async def _worker_drain(ctx: Context, concurrency: int, count: int, **env: str) -> Figures:
+    """The worker's drain of `count` no-op jobs at `concurrency` (settings: `env`)."""
     await ctx.database.reset()
-    jobs = _noop_jobs(THROUGHPUT_JOBS)
+    jobs = _noop_jobs(count)
     what = f"throughput-c{concurrency}" + "".join(f"-{k}={v}" for k, v in env.items())
     proc = ctx.spawn("worker", what, JOBQ_MAX_CONCURRENT_JOBS=str(concurrency), **env)
     try:
@@ -127,13 +140,13 @@ async def _worker_drain(ctx: Context, concurrency: int, **env: str) -> Figures:
                 started = time.perf_counter()
                 ids = await enqueue_many(jobs)
                 committed = time.perf_counter()
-            assert len(ids) == THROUGHPUT_JOBS
+            assert len(ids) == count
             drained = await wait_drained(conn, within_s=300, proc=proc)
     finally:
         await proc.stop()
     return {
-        "enqueue_jobs_per_s": round(THROUGHPUT_JOBS / (committed - started), 1),
-        "jobs_per_s": round(THROUGHPUT_JOBS / (drained - committed), 1),
+        "enqueue_jobs_per_s": round(count / (committed - started), 1),
+        "jobs_per_s": round(count / (drained - committed), 1),
     }
 
 
@@ -148,9 +161,9 @@ async def _room(conn: Connection) -> int:
 
 
 async def _raw_drain(ctx: Context, concurrency: int) -> tuple[float, int]:
-    """Drain `THROUGHPUT_JOBS` with `RAW_CLAIM` loops; return (seconds, connections used)."""
+    """Drain `RAW_JOBS` with `RAW_CLAIM` loops; return (seconds, connections used)."""
     await ctx.database.reset()
-    await _enqueue_batches(ctx, _noop_jobs(THROUGHPUT_JOBS))
+    await _enqueue_batches(ctx, _noop_jobs(RAW_JOBS))
     async with ctx.connection() as conn:
         count = max(1, min(concurrency, await _room(conn)))
     conns: list[asyncpg.Connection[asyncpg.Record]] = list(
@@ -170,7 +183,7 @@ async def _raw_drain(ctx: Context, concurrency: int) -> tuple[float, int]:
         elapsed = time.perf_counter() - started
     finally:
         await asyncio.gather(*(conn.close() for conn in conns))
-    assert sum(done) == THROUGHPUT_JOBS, f"the raw drain took {sum(done)} jobs"
+    assert sum(done) == RAW_JOBS, f"the raw drain took {sum(done)} jobs"
     return elapsed, count
 
 
