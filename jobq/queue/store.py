@@ -259,7 +259,12 @@ async def record_and_claim(
         async with conn.transaction():
             recorded = await record(conn, others, now=now, retain=retain)
             row = await sql.job_claim.fetchrow(conn, **claiming)
-    jobs = [ClaimedJob(**{**job, "arguments": json.loads(job["arguments"])}) for job in row["jobs"]]
+    # job_claimed: token, id, job_type, arguments (JSON text), attempts, max_retries, ripe_at,
+    # claimed_at, queue, concurrency_key
+    jobs = [
+        ClaimedJob(j[1], j[2], json.loads(j[3]), j[4], j[5], j[0], j[6], j[7], j[8], j[9])
+        for j in row["jobs"]
+    ]
     return Claimed(jobs, recorded | set(row["recorded"]), row["next_ripe_at"])
 
 
