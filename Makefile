@@ -1,50 +1,66 @@
 # jobq — `make run` serves the API with its workers; `make test` runs the tests.
-# Both create .venv and install the project first when needed.
+# Each target creates .venv and installs what it needs first: `run` the service alone
+# (`pip install -e .`), the tests and tools its dev extra too (`-e '.[dev]'`), each once (a stamp
+# file in .venv says it is done, redone when pyproject.toml changes).
 
 .DEFAULT_GOAL := help
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-INSTALLED := $(VENV)/.installed
+RUN_INSTALLED := $(VENV)/.installed-run
+DEV_INSTALLED := $(VENV)/.installed-dev
+PIP_INSTALL := $(BIN)/pip install --quiet --disable-pip-version-check
+# pytest-xdist processes for `make test` (each with a database of its own); 3 is the fastest on
+# 2 cores, the tests waiting on processes, sockets and timers as much as on the CPU
+TEST_WORKERS ?= 3
 
-.PHONY: help run test chaos bench lint format worker migrate db-stop clean
+.PHONY: help run test test-unit chaos bench lint format worker migrate db-stop clean
 
 help: ## Show the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-9s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(INSTALLED): pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+
+$(RUN_INSTALLED): pyproject.toml | $(BIN)/python
+	$(PIP_INSTALL) -e .
 	@touch $@
 
-run: $(INSTALLED) ## Serve the API on http://127.0.0.1:8000: web and worker processes (Ctrl-C stops them gracefully)
+$(DEV_INSTALLED): pyproject.toml | $(BIN)/python
+	$(PIP_INSTALL) -e '.[dev]'
+	@touch $@ $(RUN_INSTALLED)
+
+run: $(RUN_INSTALLED) ## Serve the API on http://127.0.0.1:8000: web and worker processes (Ctrl-C stops them gracefully)
 	$(BIN)/python -m jobq run
 
-test: $(INSTALLED) ## Run the tests against a fresh database (embedded PostgreSQL unless TEST_DATABASE_URL)
-	$(BIN)/pytest
+test: $(DEV_INSTALLED) ## Run the tests in parallel, a fresh database per process (embedded PostgreSQL unless TEST_DATABASE_URL)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
 
-chaos: $(INSTALLED) ## Run the fault, fuzz and load scenarios (real processes; prints JSON figures)
+test-unit: $(DEV_INSTALLED) ## Run the tests that need no database (pytest -m 'not db': conftest marks the rest)
+	$(BIN)/pytest -m 'not db and not chaos'
+
+chaos: $(DEV_INSTALLED) ## Run the fault, fuzz and load scenarios (real processes; prints JSON figures)
 	$(BIN)/pytest -m chaos -s tests/chaos
 
-bench: $(INSTALLED) ## Run the benchmarks on a fresh database (prints JSON lines, then a table)
+bench: $(DEV_INSTALLED) ## Run the benchmarks on a fresh database (prints JSON lines, then a table)
 	$(BIN)/python -m bench
 
-lint: $(INSTALLED) ## ruff check, ruff format --check, mypy --strict
+lint: $(DEV_INSTALLED) ## ruff check, ruff format --check, mypy --strict
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-format: $(INSTALLED) ## Format the code and apply safe lint fixes
+format: $(DEV_INSTALLED) ## Format the code and apply safe lint fixes
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-worker: $(INSTALLED) ## Run a worker process alone (run as many as you like)
+worker: $(RUN_INSTALLED) ## Run a worker process alone (run as many as you like)
 	$(BIN)/python -m jobq worker
 
-migrate: $(INSTALLED) ## Apply the SQL migrations in sql/
+migrate: $(RUN_INSTALLED) ## Apply the SQL migrations in sql/
 	$(BIN)/python -m jobq migrate
 
-db-stop: $(INSTALLED) ## Stop the embedded PostgreSQL (its data stays in .pgdata/)
+db-stop: $(RUN_INSTALLED) ## Stop the embedded PostgreSQL (its data stays in .pgdata/)
 	$(BIN)/python -m jobq db-stop
 
 clean: ## Remove .venv and caches (keeps .pgdata/)

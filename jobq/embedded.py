@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 import re
@@ -74,6 +75,9 @@ def programs() -> tuple[Path, str | None]:
 def start(pgdata_dir: Path) -> str:
     """Start the embedded server in `pgdata_dir` unless it runs already; return its admin DSN.
 
+    Processes that start it at once (the test runner's workers, `make run` beside `make test`)
+    take turns on an exclusive lock of the file `<pgdata_dir>.lock`: pgserver creates the folder
+    and its system user before its own lock, where the second of two processes can fail.
     The DSN names the `postgres` database; `with_database()` swaps in another.
     Raises: `subprocess.CalledProcessError` when initdb or pg_ctl fail (their log is in the folder).
     """
@@ -81,7 +85,9 @@ def start(pgdata_dir: Path) -> str:
     import pgserver
 
     pgdata_dir.parent.mkdir(parents=True, exist_ok=True)
-    server = pgserver.get_server(pgdata_dir, cleanup_mode=None)  # type: ignore[attr-defined]
+    with pgdata_dir.with_name(pgdata_dir.name + ".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        server = pgserver.get_server(pgdata_dir, cleanup_mode=None)  # type: ignore[attr-defined]
     dsn: str = server.get_uri("postgres")
     log.info("embedded PostgreSQL in %s", pgdata_dir)
     return dsn

@@ -265,7 +265,8 @@ async def test_a_claim_under_a_grant_never_holds_a_lock_another_turn_waits_for(
         """Whether `claims` claims wait for the turn of `first` (None: not yet)."""
         count = await conn.fetchval(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1"
-            " AND objid = $2 AND NOT granted",
+            " AND objid = $2 AND NOT granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             TURN_LOCK,
             ids["first"],
         )
