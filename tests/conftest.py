@@ -33,16 +33,38 @@ from jobq.db import Connection, Database
 from jobq.queue import Registry, Worker, metrics
 from tests import pgbouncer
 from tests.keyed_client import use_keyed_client
-from tests.toolkit.database import fresh_database, reset_incidents, reset_tables
+from tests.toolkit.database import (
+    fresh_database,
+    reset_incidents,
+    reset_tables,
+    truncate_filled,
+)
 from tests.toolkit.procs import Procs
 from tests.toolkit.receiver import WebhookReceiver
 
-TABLES = (
-    "job, job_running, job_dead, job_done, job_attempt, job_unique, job_schedule,"
-    " job_occurrence, worker, users, reminders,"
-    " exports, api_keys, job_queue, job_rate, job_counter, job_histogram, job_depth, job_trace,"
-    " job_type_depth, job_leader"
-)
+TABLES = [
+    "job",
+    "job_running",
+    "job_dead",
+    "job_done",
+    "job_attempt",
+    "job_unique",
+    "job_schedule",
+    "job_occurrence",
+    "worker",
+    "users",
+    "reminders",
+    "exports",
+    "api_keys",
+    "job_queue",
+    "job_rate",
+    "job_counter",
+    "job_histogram",
+    "job_depth",
+    "job_trace",
+    "job_type_depth",
+    "job_leader",
+]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -146,7 +168,7 @@ async def database(session_database: Database, request: pytest.FixtureRequest) -
     await reset_tables(
         session_database.direct_dsn,
         [
-            f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE",
+            truncate_filled(TABLES),  # TRUNCATE ... RESTART IDENTITY CASCADE, cheaper
             # the queues a test declared or paused are not the next one's
             "INSERT INTO job_queue (name) VALUES ('default')",  # as migrated
         ],
