@@ -76,6 +76,7 @@ MAX_CONNECTIONS = 300
 """The embedded server's `max_connections`: PostgreSQL's default, 100, is less than what the
 processes of `make test` (its parallel workers, and the worker processes their tests start) or
 a fleet of `make run` workers can open at once."""
+_SET_MAX_CONNECTIONS = f"ALTER SYSTEM SET max_connections = {MAX_CONNECTIONS}"
 
 
 def start(pgdata_dir: Path) -> str:
@@ -99,7 +100,7 @@ def start(pgdata_dir: Path) -> str:
         server = pgserver.get_server(pgdata_dir, cleanup_mode=None)  # type: ignore[attr-defined]
         dsn: str = server.get_uri("postgres")
         if int(_psql(dsn, "SHOW max_connections")) < MAX_CONNECTIONS:
-            _psql(dsn, f"ALTER SYSTEM SET max_connections = {MAX_CONNECTIONS}")
+            _psql(dsn, _SET_MAX_CONNECTIONS)
             _pg_ctl(pgdata_dir, "-w", "-l", str(pgdata_dir / "log"), "restart", "-m", "fast")
     log.info("embedded PostgreSQL in %s", pgdata_dir)
     return dsn
