@@ -10,8 +10,9 @@ BIN := $(VENV)/bin
 RUN_INSTALLED := $(VENV)/.installed-run
 DEV_INSTALLED := $(VENV)/.installed-dev
 PIP_INSTALL := $(BIN)/pip install --quiet --disable-pip-version-check
-# pytest-xdist processes for `make test` (each with a database of its own); 3 is the fastest on
-# 2 cores, the tests waiting on processes, sockets and timers as much as on the CPU
+# pytest-xdist processes for `make test`, each with a database of its own. On 2 cores, 2, 3
+# and 4 take about the same time (the tests wait on processes, sockets and timers as much as
+# on the CPU); 3 keeps a core busy while another worker waits. `make test TEST_WORKERS=N`.
 TEST_WORKERS ?= 3
 
 .PHONY: help run test test-unit chaos bench lint format worker migrate db-stop clean
@@ -36,7 +37,7 @@ run: $(RUN_INSTALLED) ## Serve the API on http://127.0.0.1:8000: web and worker 
 test: $(DEV_INSTALLED) ## Run the tests in parallel, a fresh database per process (embedded PostgreSQL unless TEST_DATABASE_URL)
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
 
-test-unit: $(DEV_INSTALLED) ## Run the tests that need no database (pytest -m 'not db': conftest marks the rest)
+test-unit: $(DEV_INSTALLED) ## Run the tests that need no database (-m 'not db': tests/conftest.py marks db each test with a database fixture)
 	$(BIN)/pytest -m 'not db and not chaos'
 
 chaos: $(DEV_INSTALLED) ## Run the fault, fuzz and load scenarios (real processes; prints JSON figures)
