@@ -1,62 +1,79 @@
 # jobq — `make run` serves the API with its workers; `make test` runs the tests.
-# Both create .venv and install the project first when needed.
+# Each target creates .venv and installs what it needs first: `run` the service alone
+# (`pip install -e .`), the tests and tools its dev extra too (`-e '.[dev]'`), each once (a stamp
+# file in .venv says it is done, redone when pyproject.toml changes).
 
 .DEFAULT_GOAL := help
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-INSTALLED := $(VENV)/.installed
-DOCS_INSTALLED := $(VENV)/.docs-installed
+RUN_INSTALLED := $(VENV)/.installed-run
+DEV_INSTALLED := $(VENV)/.installed-dev
+DOCS_INSTALLED := $(VENV)/.installed-docs
+PIP_INSTALL := $(BIN)/pip install --quiet --disable-pip-version-check
+# pytest-xdist processes for `make test`, each with a database of its own. On 2 cores, 2, 3
+# and 4 take about the same time (the tests wait on processes, sockets and timers as much as
+# on the CPU); 3 keeps a core busy while another worker waits. `make test TEST_WORKERS=N`.
+TEST_WORKERS ?= 3
 
-.PHONY: help run test chaos bench bench-all lint docs format worker migrate db-stop clean
+.PHONY: help run test test-unit chaos bench bench-all lint docs format worker migrate db-stop clean
 
 help: ## Show the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-9s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(INSTALLED): pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+
+$(RUN_INSTALLED): pyproject.toml | $(BIN)/python
+	$(PIP_INSTALL) -e .
 	@touch $@
 
-run: $(INSTALLED) ## Serve the API on http://127.0.0.1:8000: web and worker processes (Ctrl-C stops them gracefully)
+$(DEV_INSTALLED): pyproject.toml | $(BIN)/python
+	$(PIP_INSTALL) -e '.[dev]'
+	@touch $@ $(RUN_INSTALLED)
+
+run: $(RUN_INSTALLED) ## Serve the API on http://127.0.0.1:8000: web and worker processes (Ctrl-C stops them gracefully)
 	$(BIN)/python -m jobq run
 
-test: $(INSTALLED) ## Run the tests against a fresh database (embedded PostgreSQL unless TEST_DATABASE_URL)
-	$(BIN)/pytest
+test: $(DEV_INSTALLED) ## Run the tests in parallel, a fresh database per process (embedded PostgreSQL unless TEST_DATABASE_URL)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
 
-chaos: $(INSTALLED) ## Run the fault, fuzz and load scenarios (real processes; prints JSON figures)
+test-unit: $(DEV_INSTALLED) ## Run the tests that need no database (-m 'not db': tests/conftest.py marks db each test with a database fixture)
+	$(BIN)/pytest -m 'not db and not chaos'
+
+chaos: $(DEV_INSTALLED) ## Run the fault, fuzz and load scenarios (real processes; prints JSON figures)
 	$(BIN)/pytest -m chaos -s tests/chaos
 
-bench: $(INSTALLED) ## Run the headline benchmarks (BASELINE=rev compares); writes docs/benchmarks.md
+bench: $(DEV_INSTALLED) ## Run the headline benchmarks (BASELINE=rev compares); writes docs/benchmarks.md
 	$(BIN)/python -m bench --docs docs/benchmarks.md $(if $(BASELINE),--baseline $(BASELINE))
 
-bench-all: $(INSTALLED) ## Run every benchmark (BASELINE=rev compares); writes docs/benchmarks.md
+bench-all: $(DEV_INSTALLED) ## Run every benchmark (BASELINE=rev compares); writes docs/benchmarks.md
 	$(BIN)/python -m bench --all --docs docs/benchmarks.md $(if $(BASELINE),--baseline $(BASELINE))
 
-lint: $(INSTALLED) ## ruff check, ruff format --check, mypy --strict
+lint: $(DEV_INSTALLED) ## ruff check, ruff format --check, mypy --strict
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-$(DOCS_INSTALLED): pyproject.toml $(INSTALLED)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[docs]'
-	@touch $@
+$(DOCS_INSTALLED): pyproject.toml | $(BIN)/python
+	$(PIP_INSTALL) -e '.[docs]'
+	@touch $@ $(RUN_INSTALLED)
 
 docs: $(DOCS_INSTALLED) ## Build the manual into site/ (reference pages from the code; a broken link fails)
 	$(BIN)/python docs/gen_reference.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-format: $(INSTALLED) ## Format the code and apply safe lint fixes
+format: $(DEV_INSTALLED) ## Format the code and apply safe lint fixes
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-worker: $(INSTALLED) ## Run a worker process alone (run as many as you like)
+worker: $(RUN_INSTALLED) ## Run a worker process alone (run as many as you like)
 	$(BIN)/python -m jobq worker
 
-migrate: $(INSTALLED) ## Apply the SQL migrations in sql/migrations/ and re-create sql/functions/
+migrate: $(RUN_INSTALLED) ## Apply the SQL migrations in sql/migrations/ and re-create sql/functions/
 	$(BIN)/python -m jobq migrate
 
-db-stop: $(INSTALLED) ## Stop the embedded PostgreSQL (its data stays in .pgdata/)
+db-stop: $(RUN_INSTALLED) ## Stop the embedded PostgreSQL (its data stays in .pgdata/)
 	$(BIN)/python -m jobq db-stop
 
 clean: ## Remove .venv and caches (keeps .pgdata/)

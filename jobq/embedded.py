@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 import re
@@ -71,20 +72,58 @@ def programs() -> tuple[Path, str | None]:
     return bin_path, SYSTEM_USER
 
 
+MAX_CONNECTIONS = 300
+"""The embedded server's `max_connections`: PostgreSQL's default, 100, is less than what the
+processes of `make test` (its parallel workers, and the worker processes their tests start) or
+a fleet of `make run` workers can open at once."""
+_SET_MAX_CONNECTIONS = f"ALTER SYSTEM SET max_connections = {MAX_CONNECTIONS}"
+
+
 def start(pgdata_dir: Path) -> str:
     """Start the embedded server in `pgdata_dir` unless it runs already; return its admin DSN.
 
+    A server with fewer than `MAX_CONNECTIONS` is given that many and restarted (once: the
+    setting stays in its folder). Processes that start it at once (the test runner's workers,
+    `make run` beside `make test`) take turns on an exclusive lock of the file
+    `<pgdata_dir>.lock`: pgserver creates the folder and its system user before its own lock,
+    where the second of two processes can fail.
     The DSN names the `postgres` database; `with_database()` swaps in another.
-    Raises: `subprocess.CalledProcessError` when initdb or pg_ctl fail (their log is in the folder).
+    Raises: `subprocess.CalledProcessError` when initdb, pg_ctl or psql fail (the server's log
+    is in the folder).
     """
     _import_pgserver()
     import pgserver
 
     pgdata_dir.parent.mkdir(parents=True, exist_ok=True)
-    server = pgserver.get_server(pgdata_dir, cleanup_mode=None)  # type: ignore[attr-defined]
-    dsn: str = server.get_uri("postgres")
+    with pgdata_dir.with_name(pgdata_dir.name + ".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        server = pgserver.get_server(pgdata_dir, cleanup_mode=None)  # type: ignore[attr-defined]
+        dsn: str = server.get_uri("postgres")
+        if int(_psql(dsn, "SHOW max_connections")) < MAX_CONNECTIONS:
+            _psql(dsn, _SET_MAX_CONNECTIONS)
+            _pg_ctl(pgdata_dir, "-w", "-l", str(pgdata_dir / "log"), "restart", "-m", "fast")
     log.info("embedded PostgreSQL in %s", pgdata_dir)
     return dsn
+
+
+def _psql(dsn: str, statement: str) -> str:
+    """Run one statement with the wheel's psql; return its output, unaligned, tuples only."""
+    bin_path, _ = programs()
+    done = subprocess.run(  # noqa: S603 (the wheel's own psql, our arguments)
+        [str(bin_path / "psql"), dsn, "-X", "-A", "-t", "-c", statement],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+def _pg_ctl(pgdata_dir: Path, *args: str) -> None:
+    """Run the wheel's pg_ctl on `pgdata_dir` as the folder's owner."""
+    from pgserver._commands import pg_ctl  # type: ignore[attr-defined]
+
+    owner = pgdata_dir.owner()
+    pg_ctl(list(args), pgdata=pgdata_dir, user=None if owner == _whoami() else owner)
 
 
 def stop(pgdata_dir: Path) -> bool:
@@ -92,12 +131,8 @@ def stop(pgdata_dir: Path) -> bool:
     if not (pgdata_dir / "postmaster.pid").exists():
         return False
     _import_pgserver()
-    from pgserver._commands import pg_ctl  # type: ignore[attr-defined]
-
-    owner = pgdata_dir.owner()
-    user = None if owner == _whoami() else owner
     try:
-        pg_ctl(["-w", "stop", "-m", "fast"], pgdata=pgdata_dir, user=user)
+        _pg_ctl(pgdata_dir, "-w", "stop", "-m", "fast")
     except subprocess.CalledProcessError:
         return False
     return True

@@ -3,6 +3,10 @@
 The server is `TEST_DATABASE_URL` (any database on it; a new one is created beside it) when set,
 else the embedded server in `.pgdata/`. Settings never read the developer's `.env`.
 
+Under pytest-xdist (`make test`) each worker process is a session of its own: its own database,
+its own PgBouncer. Every test whose fixtures reach the server is marked `db`; the others are
+the unit tests (`make test-unit`, `-m 'not db'`), which never start the embedded server.
+
 With `TEST_PGBOUNCER=1` the pools of the tests (`database`, `settings`, `make_settings`) go
 through a PgBouncer in transaction mode that the session starts (`tests/pgbouncer.py`), and their
 sessions (listeners, `conn`) straight to the server, as `JOBQ_DIRECT_DATABASE_URL` does.
@@ -29,16 +33,45 @@ from jobq.db import Connection, Database
 from jobq.queue import Registry, Worker, metrics
 from tests import pgbouncer
 from tests.keyed_client import use_keyed_client
-from tests.toolkit.database import fresh_database, reset_incidents, reset_tables
+from tests.toolkit.database import (
+    fresh_database,
+    reset_incidents,
+    reset_tables,
+    truncate_filled,
+)
 from tests.toolkit.procs import Procs
 from tests.toolkit.receiver import WebhookReceiver
 
-TABLES = (
-    "job, job_running, job_dead, job_done, job_attempt, job_unique, job_schedule,"
-    " job_occurrence, worker, users, reminders,"
-    " exports, api_keys, job_queue, job_rate, job_counter, job_histogram, job_depth, job_trace,"
-    " job_type_depth, job_leader"
-)
+TABLES = [
+    "job",
+    "job_running",
+    "job_dead",
+    "job_done",
+    "job_attempt",
+    "job_unique",
+    "job_schedule",
+    "job_occurrence",
+    "worker",
+    "users",
+    "reminders",
+    "exports",
+    "api_keys",
+    "job_queue",
+    "job_rate",
+    "job_counter",
+    "job_histogram",
+    "job_depth",
+    "job_trace",
+    "job_type_depth",
+    "job_leader",
+]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `db` every test that reaches the test server through its fixtures."""
+    for item in items:
+        if "admin_dsn" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.db)
 
 
 @pytest.fixture(scope="session")
@@ -52,8 +85,10 @@ def admin_dsn() -> str:
 
 @pytest.fixture(scope="session")
 async def database_url(admin_dsn: str) -> AsyncIterator[str]:
-    """A fresh, migrated database for this test session, dropped at the end."""
-    async with fresh_database(admin_dsn, "jobq_test") as dsn:
+    """A fresh, migrated database for this test session (this xdist worker's), dropped at the
+    end."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    async with fresh_database(admin_dsn, f"jobq_test_{worker}") as dsn:
         yield dsn
 
 
@@ -133,7 +168,7 @@ async def database(session_database: Database, request: pytest.FixtureRequest) -
     await reset_tables(
         session_database.direct_dsn,
         [
-            f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE",
+            truncate_filled(TABLES),  # TRUNCATE ... RESTART IDENTITY CASCADE, cheaper
             # the queues a test declared or paused are not the next one's
             "INSERT INTO job_queue (name) VALUES ('default')",  # as migrated
         ],

@@ -219,7 +219,8 @@ async def test_a_worker_whose_listener_alone_drops_keeps_the_job_it_runs(
     while time.monotonic() < deadline:  # its listener killed again as soon as it is back
         kills += await conn.fetchval(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory'"
-            " AND granted AND classid = $1 AND objsubid = 2 AND objid = $2",
+            " AND granted AND classid = $1 AND objsubid = 2 AND objid = $2"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             WORKER_LOCK_CLASS,
             runner_id,
         )

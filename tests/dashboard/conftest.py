@@ -21,6 +21,7 @@ from jobq.queue import Job, JobContext, Registry, Worker, enqueue
 from jobq.queue.backoff import Backoff
 from tests.api.conftest import ADMIN, ADMIN_TOKEN
 from tests.conftest import make_settings
+from tests.toolkit.procs import eventually
 from tests.toolkit.served import served
 
 __all__ = ["ADMIN", "ADMIN_TOKEN"]
@@ -119,12 +120,15 @@ async def fill(make_worker: MakeWorker, *, num_dead: int = 3) -> dict[str, list[
         ).id
         for i in range(num_dead)
     ]
-    for _ in range(10):  # claim, record the failure and claim again, record...
-        await worker.run_once()
+
+    async def all_dead() -> bool:
+        await worker.run_once()  # claim, record the failure and claim again, record...
         await worker.wait_idle()
         async with db.current_database().pool.acquire() as conn:
-            if await conn.fetchval("SELECT count(*) FROM job_dead") == num_dead:
-                break
+            return bool(await conn.fetchval("SELECT count(*) FROM job_dead") == num_dead)
+
+    # rounds until then, not a fixed number: on a busy machine a round can claim no retry
+    await eventually(all_dead, within=30, what=f"{num_dead} dead jobs", every=0.05)
     await worker.run_once()  # records the report's outcome, if still pending
     waiting = [
         (await enqueue(Job(job_type="later", arguments={"n": n}, queue="imports"))).id

@@ -28,10 +28,13 @@ from tests.dashboard.conftest import ADMIN_TOKEN, MakeWorker, fill
 CHROMIUM = shutil.which("chromium") or (
     "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
 )
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None,
-    reason="Chromium is not installed (apt-get install chromium; .ci/run does)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="Chromium is not installed (apt-get install chromium; .ci/run does)",
+    ),
+    pytest.mark.xdist_group("browser"),  # one Chromium (`browser`) for them all under xdist
+]
 
 README_SCREENSHOTS = PROJECT_ROOT / "docs" / "screenshots"
 WAIT_MS = 30_000

@@ -273,6 +273,7 @@ async def test_a_claim_takes_a_limited_queues_turn_only_when_the_queue_holds_a_r
     waiting = (
         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1"
         " AND objid = $2 AND NOT granted"
+        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
     )
     async with worker.database.pool.acquire() as turn:
         async with turn.transaction():

@@ -43,6 +43,36 @@ async def fresh_database(
             await admin.close()
 
 
+def truncate_filled(tables: list[str]) -> str:
+    """A statement that empties `tables` as `TRUNCATE <tables> RESTART IDENTITY CASCADE` does,
+    but truncates only those whose files are not empty (`pg_relation_size` of the table or of
+    its partitions: a table that held no row since its last truncate, not even a deleted or
+    rolled-back one, is as fresh as a truncated one) and resets the sequences of the others to
+    their start when they were used (an insert that a constraint refused). TRUNCATE makes new
+    files for a table and each of its indexes, and waits for their fsync: a few tables instead
+    of all of them make the reset before each test about 30 times cheaper."""
+    names = ", ".join(f"'{table}'" for table in tables)
+    return f"""
+DO $reset$
+DECLARE
+    tables regclass[] := ARRAY[{names}]::regclass[];
+    filled text;
+BEGIN
+    SELECT string_agg(t::text, ', ') INTO filled FROM unnest(tables) AS t
+    WHERE pg_relation_size(t) > 0
+       OR EXISTS (SELECT FROM pg_partition_tree(t) AS p WHERE pg_relation_size(p.relid) > 0);
+    IF filled IS NOT NULL THEN
+        EXECUTE 'TRUNCATE ' || filled || ' RESTART IDENTITY CASCADE';
+    END IF;
+    PERFORM setval(s.seqrelid, s.seqstart, false)
+    FROM pg_sequence AS s
+    JOIN pg_depend AS d ON d.classid = 'pg_class'::regclass AND d.objid = s.seqrelid
+    WHERE d.deptype IN ('a', 'i') AND d.refobjid = ANY (tables)
+      AND pg_sequence_last_value(s.seqrelid) IS NOT NULL;
+END
+$reset$"""
+
+
 RESET_LOCK_TIMEOUT = "10s"
 """How long a reset waits for the tables' locks before it looks for what holds them."""
 
