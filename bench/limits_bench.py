@@ -9,6 +9,8 @@ What is timed, exactly:
   and `job_running` are empty), twice in the run: on `bench_free` (no limits), then on
   `bench_limited` (every kind of limit, none binding). The jobs spread over 50 concurrency
   keys in both. `ratio_to_unlimited`: the limited drain's jobs/s over the free one's.
+- `limits_io`: as `limits_overhead`, with `bench_sleep` jobs that await 5 ms (I/O) at 64
+  slots: what limits that never bind cost jobs that do something.
 - `queue_isolation`: one worker process with `JOBQ_QUEUES=bench_slow:2,bench_fast:8`; 10,000
   `bench_sleep` jobs (5 s each) on `bench_slow` keep its 2 slots busy, then 500 `bench_stamp`
   jobs on `bench_fast`, each enqueued in its own transaction, one every 20 ms. Pickup: as
@@ -64,6 +66,9 @@ OVERHEAD_JOBS = 20_000
 OVERHEAD_SLOTS = 16
 OVERHEAD_KEYS = 50
 OVERHEAD_DRAINS = 3
+IO_S = 0.005
+IO_SLOTS = 64
+IO_JOBS = 20_000
 SLOW_JOBS = 10_000
 SLOW_SLEEP_S = 5.0
 FAST_JOBS = 500
@@ -91,14 +96,26 @@ def _ms(seconds: float) -> float:
 async def limits_overhead(ctx: Context) -> list[Figures]:
     """`OVERHEAD_DRAINS` drains of `bench_free`, each followed by one of `bench_limited`, at 16
     slots: the median of each."""
+    return await _overhead(ctx, NOOP, {}, OVERHEAD_JOBS, OVERHEAD_SLOTS)
+
+
+async def limits_io(ctx: Context) -> list[Figures]:
+    """As `limits_overhead`, with jobs that await `IO_S` of I/O, at `IO_SLOTS` slots: what limits
+    that never bind cost jobs that do something."""
+    return await _overhead(ctx, SLEEP, {"seconds": IO_S}, IO_JOBS, IO_SLOTS)
+
+
+async def _overhead(
+    ctx: Context, job_type: str, arguments: dict[str, Any], num_jobs: int, slots: int
+) -> list[Figures]:
     drains: dict[str, list[float]] = {queues.FREE: [], queues.LIMITED: []}
     for _ in range(OVERHEAD_DRAINS):
         for queue, speeds in drains.items():
-            speeds.append(await _drain(ctx, queue))
+            speeds.append(await _drain(ctx, queue, job_type, arguments, num_jobs, slots))
     free, limited = (statistics.median(speeds) for speeds in drains.values())
     return [
         {
-            "concurrency": OVERHEAD_SLOTS,
+            "concurrency": slots,
             "jobs_per_s": round(limited, 1),
             "unlimited_jobs_per_s": round(free, 1),
             "ratio_to_unlimited": round(limited / free, 3),
@@ -106,26 +123,38 @@ async def limits_overhead(ctx: Context) -> list[Figures]:
     ]
 
 
-async def _drain(ctx: Context, queue: str) -> float:
-    """Enqueue `OVERHEAD_JOBS` no-op jobs on `queue` for a registered worker; return jobs/s
-    from the enqueue's COMMIT until the last outcome is committed."""
+async def _drain(
+    ctx: Context,
+    queue: str,
+    job_type: str,
+    arguments: dict[str, Any],
+    num_jobs: int,
+    slots: int,
+) -> float:
+    """Enqueue `num_jobs` jobs of `job_type` on `queue` for a registered worker with `slots`;
+    return jobs/s from the enqueue's COMMIT until the last outcome is committed."""
     await ctx.database.reset()
     jobs = [
-        Job(job_type=NOOP, arguments={"i": i}, queue=queue, concurrency_key=f"k{i % OVERHEAD_KEYS}")
-        for i in range(OVERHEAD_JOBS)
+        Job(
+            job_type=job_type,
+            arguments={**arguments, "i": i},
+            queue=queue,
+            concurrency_key=f"k{i % OVERHEAD_KEYS}",
+        )
+        for i in range(num_jobs)
     ]
-    proc = _worker(ctx, f"overhead-{queue}", f"{queue}:{OVERHEAD_SLOTS}")
+    proc = _worker(ctx, f"overhead-{queue}", f"{queue}:{slots}")
     try:
         async with ctx.connection() as conn:
             await registered(conn, proc)
             async with ctx.jobq_database():
                 ids = await enqueue_many(jobs)
                 committed = time.perf_counter()
-            assert len(ids) == OVERHEAD_JOBS
+            assert len(ids) == num_jobs
             drained = await wait_drained(conn, within_s=300, proc=proc)
     finally:
         await proc.stop()
-    return OVERHEAD_JOBS / (drained - committed)
+    return num_jobs / (drained - committed)
 
 
 # -- queue_isolation ---------------------------------------------------------------------------

@@ -75,6 +75,7 @@ TARGETS = (
     Target("memory", "peak_rss_mb", "<=", 150),
     Target("memory", "rss_growth", "<=", 1.1),
     Target("limits_overhead", "ratio_to_unlimited", ">=", 0.9),
+    Target("limits_io", "ratio_to_unlimited", ">=", 0.9),
     Target("queue_isolation", "p99_ms", "<=", 3),
     Target("queue_isolation", "slow_running", "==", 2),
     Target("retention_overhead", "ratio_to_off", ">=", 0.9),

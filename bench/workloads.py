@@ -91,10 +91,15 @@ WORKLOADS: dict[str, Spec] = {
         about="drains of 20,000 jobs over 50 keys at concurrency 16: limits that never bind"
         " over none",
     ),
+    "limits_io": Spec(
+        limits_bench.limits_io,
+        keys=("concurrency",),
+        about="drains of 20,000 jobs that await 5 ms over 50 keys at concurrency 64: limits that"
+        " never bind over none",
+    ),
     "limits_claim_cpu": Spec(
         limits_bench.limits_claim_cpu,
-        about="the server's CPU per claim of 16, on free, limited and granted queues of"
-        " 20,000 jobs",
+        about="the server's CPU per claim of 16, on free and limited queues of 20,000 jobs",
     ),
     "queue_isolation": Spec(
         limits_bench.queue_isolation,
