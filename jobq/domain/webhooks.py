@@ -137,9 +137,8 @@ WEBHOOK_LIMITS = httpx.Limits(
 )
 """The webhook client's connection pool: no cap on connections, since a worker's slots already
 bound its deliveries, and a lower cap held deliveries to healthy hosts behind those waiting on
-slow ones until the pool's timeout failed them (httpcore's own default, 10, was in force until
-2026-11-26, below a worker's 16 slots); idle connections kept as httpx keeps them by default
-(20, for 5 s)."""
+slow ones until the pool's timeout failed them (httpcore's own default, 10, is below a worker's
+16 slots); idle connections kept as httpx keeps them by default (20, for 5 s)."""
 
 
 class _GuardedTransport(httpx.AsyncHTTPTransport):

@@ -12,7 +12,7 @@ FROM twice;
 -- name: check_running
 -- Running jobs that no live worker holds and that the rescue should have returned more than
 -- `rescue grace` ago: their lease expired, or their worker is dead (as the rescue judges it,
--- `_ALIVE`) and its last sign of life (heartbeat, or the claim when its row is gone) is that old.
+-- `alive` in job_rescue) and its last sign of life (heartbeat, or the claim when its row is gone) is that old.
 WITH alive AS (
     SELECT objid::bigint AS worker_id FROM pg_locks
     WHERE locktype = 'advisory' AND classid = 1785684593 AND objsubid = 2 AND granted

@@ -15,16 +15,16 @@ DELETE FROM worker WHERE id = :worker_id;
 -- name: worker_heartbeat
 -- :tokens: those the worker holds. Returns how many leases were extended, the ids of the jobs
 -- among them that were cancelled (a worker that missed the notification hears it here), and
--- whether this worker leads the upkeep (`job_leader`, sql/015_leader.sql) until :lead_expires_at:
--- it renews its lead, or takes it from a leader whose lead ran out (hung) or whose liveness lock
--- is gone (dead), with no statement of its own; unless not :offer (it is stopping). Its commit
--- does not wait for the WAL to reach the disk (synchronous_commit off for its own transaction): 50
--- idle workers made 10 such flushes a second, each a wait on the disk that the commits of enqueues
--- and claims queued behind (`python -m bench fleet`: 50 idle workers added 42-60 % to one worker's
--- pickup p99, then 18-21 %). A crash of the server may lose the last beat (up to 3 x
--- wal_writer_delay of commits): its heartbeat_at, leases and lead stay as the beat before left
--- them, which hold for several intervals (a lease outlasts two: config), and after a restart every
--- worker counts as alive for the grace (_ALIVE) while they beat again.
+-- whether this worker leads the upkeep (`job_leader`, sql/schema.sql) until :lead_expires_at: it
+-- renews its lead, or takes it from a leader whose lead ran out (hung) or whose liveness lock is
+-- gone (dead), with no statement of its own; unless not :offer (it is stopping). Its commit does
+-- not wait for the WAL to reach the disk (synchronous_commit off for its own transaction): a
+-- fleet's idle workers beat many times a second, and each flush would be a wait on the disk that
+-- the commits of enqueues and claims queue behind (`python -m bench fleet`). A crash of the
+-- server may lose the last beat (up to 3 x wal_writer_delay of commits): its heartbeat_at,
+-- leases and lead stay as the beat before left them, which hold for several intervals (a lease
+-- outlasts two: config), and after a restart every worker counts as alive for the grace
+-- (job_rescue's `alive`) while they beat again.
 WITH beat AS (
     UPDATE worker SET heartbeat_at = :now WHERE id = :worker_id
 ), lead AS (
@@ -50,7 +50,7 @@ FROM leased
 WHERE (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL;
 
 -- name: worker_list
--- alive: as the rescue judges (`sql._ALIVE`)
+-- alive: as the rescue judges (`alive` in job_rescue)
 WITH alive AS (
     SELECT objid::bigint AS worker_id FROM pg_locks
     WHERE locktype = 'advisory' AND classid = 1785684593 AND objsubid = 2 AND granted
