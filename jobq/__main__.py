@@ -101,7 +101,7 @@ async def work(settings: Settings) -> None:
     dsn = await prepare(settings)
     # A floor of one pooled connection (the web's JOBQ_MIN_POOL_SIZE is for requests): the
     # heartbeats use it, and it is the session of this process that keeps its jobs while its
-    # listener alone reconnects (`alive` in `job_rescue`); handlers open more as they need.
+    # listener alone reconnects (`job_workers_alive`); handlers open more as they need.
     database = await Database.open(settings, dsn, min_size=1)
     try:
         async with jobs.job_state(settings) as state:

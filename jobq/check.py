@@ -7,7 +7,7 @@ are seen at one instant, as the single-statement moves between them leave them:
 - `running_held`: every running job is held by a live worker, or awaits a rescue that is not
   overdue: its worker died, or its lease expired, less than `rescue_grace` ago. A live worker
   is one that holds its liveness lock, or whose process still has a session and heartbeated
-  within `heartbeat_grace` (the rescue's own rule: `alive` in `job_rescue`). A violation means
+  within `heartbeat_grace` (the rescue's own rule: `job_workers_alive`). A violation means
   jobs stuck in `job_running`: no worker is rescuing them.
 - `attempts_within_limit`: no queued or running job is past its last attempt (it belongs in the
   dead letter).

@@ -108,7 +108,7 @@ class Database:
         it may land on another server connection: `statement_cache_size=0`, with which asyncpg
         also sends each statement's Parse again with its Bind, before one Sync) and sends no
         `application_name`: a server connection keeps it after its client has gone, and the
-        rescue reads it to tell whether a worker process lives (`alive` in `job_rescue`), so
+        rescue reads it to tell whether a worker process lives (`job_workers_alive`), so
         only direct sessions carry it.
         Raises: `OSError` or `asyncpg.PostgresError` when the server cannot be reached.
         """

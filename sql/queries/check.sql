@@ -12,21 +12,9 @@ FROM twice;
 -- name: check_running
 -- Running jobs that no live worker holds and that the rescue should have returned more than
 -- `rescue grace` ago: their lease expired, or their worker is dead (as the rescue judges it,
--- `alive` in job_rescue) and its last sign of life (heartbeat, or the claim when its row is gone) is that old.
+-- job_workers_alive) and its last sign of life (heartbeat, or the claim when its row is gone) is that old.
 WITH alive AS (
-    SELECT objid::bigint AS worker_id FROM pg_locks
-    WHERE locktype = 'advisory' AND classid = 1785684593 AND objsubid = 2 AND granted
-      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-    UNION
-    SELECT w.id FROM worker AS w
-    WHERE w.heartbeat_at >= :now::timestamptz - :heartbeat_grace::interval
-      AND EXISTS (SELECT FROM pg_stat_activity AS a
-                  WHERE a.datname = current_database()
-                    AND a.application_name = left('jobq/' || w.pid || '@' || w.host, 63))
-    UNION
-    SELECT w.id FROM worker AS w
-    WHERE pg_postmaster_start_time() >= :now::timestamptz - :heartbeat_grace::interval
-
+    SELECT worker_id FROM job_workers_alive(:now, :heartbeat_grace)
 ), overdue AS (
     SELECT r.id FROM job_running AS r LEFT JOIN worker AS w ON w.id = r.worker_id
     WHERE r.lease_expires_at < :now::timestamptz - :rescue_grace::interval
@@ -71,19 +59,7 @@ FROM over;
 -- Jobs per state, and workers alive or not (as the rescue judges); the queued ones as the last
 -- depth snapshot counted them when :counted (each subquery runs only if its branch is taken).
 WITH alive AS (
-    SELECT objid::bigint AS worker_id FROM pg_locks
-    WHERE locktype = 'advisory' AND classid = 1785684593 AND objsubid = 2 AND granted
-      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-    UNION
-    SELECT w.id FROM worker AS w
-    WHERE w.heartbeat_at >= :now::timestamptz - :heartbeat_grace::interval
-      AND EXISTS (SELECT FROM pg_stat_activity AS a
-                  WHERE a.datname = current_database()
-                    AND a.application_name = left('jobq/' || w.pid || '@' || w.host, 63))
-    UNION
-    SELECT w.id FROM worker AS w
-    WHERE pg_postmaster_start_time() >= :now::timestamptz - :heartbeat_grace::interval
-
+    SELECT worker_id FROM job_workers_alive(:now, :heartbeat_grace)
 )
 SELECT CASE WHEN :counted::boolean THEN (SELECT coalesce(sum(ripe), 0) FROM job_type_depth)
             ELSE (SELECT count(*) FROM job WHERE ripe_at <= :now) END AS queued_ripe,

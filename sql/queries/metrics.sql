@@ -106,19 +106,7 @@ SELECT queue, job_type, count(*) AS running FROM job_running GROUP BY queue, job
 -- name: metrics_workers_alive
 -- Workers alive, as the rescue judges.
 WITH alive AS (
-    SELECT objid::bigint AS worker_id FROM pg_locks
-    WHERE locktype = 'advisory' AND classid = 1785684593 AND objsubid = 2 AND granted
-      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-    UNION
-    SELECT w.id FROM worker AS w
-    WHERE w.heartbeat_at >= :now::timestamptz - :heartbeat_grace::interval
-      AND EXISTS (SELECT FROM pg_stat_activity AS a
-                  WHERE a.datname = current_database()
-                    AND a.application_name = left('jobq/' || w.pid || '@' || w.host, 63))
-    UNION
-    SELECT w.id FROM worker AS w
-    WHERE pg_postmaster_start_time() >= :now::timestamptz - :heartbeat_grace::interval
-
+    SELECT worker_id FROM job_workers_alive(:now, :heartbeat_grace)
 )
 SELECT count(*) FROM worker WHERE id IN (SELECT worker_id FROM alive);
 

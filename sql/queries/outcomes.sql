@@ -98,19 +98,7 @@ SELECT token FROM recorded WHERE (SELECT count(pg_notify('jobq_done', id::text))
 -- worker every time must end in the dead letter rather than crash workers forever. A rescued job
 -- keeps its place in the queue (its own ripe_at), ahead of jobs that ripened since.
 WITH alive AS (
-    SELECT objid::bigint AS worker_id FROM pg_locks
-    WHERE locktype = 'advisory' AND classid = 1785684593 AND objsubid = 2 AND granted
-      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-    UNION
-    SELECT w.id FROM worker AS w
-    WHERE w.heartbeat_at >= :now::timestamptz - :heartbeat_grace::interval
-      AND EXISTS (SELECT FROM pg_stat_activity AS a
-                  WHERE a.datname = current_database()
-                    AND a.application_name = left('jobq/' || w.pid || '@' || w.host, 63))
-    UNION
-    SELECT w.id FROM worker AS w
-    WHERE pg_postmaster_start_time() >= :now::timestamptz - :heartbeat_grace::interval
-
+    SELECT worker_id FROM job_workers_alive(:now, :heartbeat_grace)
 ), lost AS (
     DELETE FROM job_running
     WHERE lease_expires_at < :now OR worker_id NOT IN (SELECT worker_id FROM alive)

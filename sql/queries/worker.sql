@@ -24,7 +24,7 @@ DELETE FROM worker WHERE id = :worker_id;
 -- server may lose the last beat (up to 3 x wal_writer_delay of commits): its heartbeat_at,
 -- leases and lead stay as the beat before left them, which hold for several intervals (a lease
 -- outlasts two: config), and after a restart every worker counts as alive for the grace
--- (job_rescue's `alive`) while they beat again.
+-- (job_workers_alive) while they beat again.
 WITH beat AS (
     UPDATE worker SET heartbeat_at = :now WHERE id = :worker_id
 ), lead AS (
@@ -50,21 +50,9 @@ FROM leased
 WHERE (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL;
 
 -- name: worker_list
--- alive: as the rescue judges (`alive` in job_rescue)
+-- alive: as the rescue judges (job_workers_alive)
 WITH alive AS (
-    SELECT objid::bigint AS worker_id FROM pg_locks
-    WHERE locktype = 'advisory' AND classid = 1785684593 AND objsubid = 2 AND granted
-      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-    UNION
-    SELECT w.id FROM worker AS w
-    WHERE w.heartbeat_at >= :now::timestamptz - :heartbeat_grace::interval
-      AND EXISTS (SELECT FROM pg_stat_activity AS a
-                  WHERE a.datname = current_database()
-                    AND a.application_name = left('jobq/' || w.pid || '@' || w.host, 63))
-    UNION
-    SELECT w.id FROM worker AS w
-    WHERE pg_postmaster_start_time() >= :now::timestamptz - :heartbeat_grace::interval
-
+    SELECT worker_id FROM job_workers_alive(:now, :heartbeat_grace)
 )
 SELECT w.id, w.host, w.pid, w.started_at, w.heartbeat_at,
        w.id IN (SELECT worker_id FROM alive) AS alive,
