@@ -12,10 +12,11 @@ from __future__ import annotations
 import signal
 from collections import defaultdict
 from collections.abc import AsyncIterator
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pytest
 
+from jobq import clock
 from jobq.db import Connection
 from jobq.queue import Job, enqueue_many
 from tests import claim_log
@@ -147,7 +148,20 @@ async def test_limits_hold_through_the_sigkill_of_a_worker_and_the_rescue_of_its
     others = [procs.start("worker", f"worker-{n}", QUEUE_ENV) for n in range(2)]
     for proc in others:
         await registered(conn, proc)
-    await eventually(victim_running, within=WAIT_S, what="the victim to run a job still")
+
+    async def victim_midway() -> bool:
+        """The victim runs a job that started under half its second ago: the kill, sent at
+        once, cuts it short (a job near its end could finish first, and the victim's next
+        claim be killed before its handler wrote a start)."""
+        found: bool = await conn.fetchval(
+            "SELECT EXISTS (SELECT FROM execution WHERE pid = $1 AND finished_at IS NULL"
+            " AND started_at > $2)",
+            victim.pid,
+            clock.now() - timedelta(seconds=0.5),
+        )
+        return found
+
+    await eventually(victim_midway, within=WAIT_S, what="the victim to start a job")
     killed_at = victim.send(signal.SIGKILL)
     assert await victim.exit_code(within=10) == -signal.SIGKILL
     await all_finished(conn, 40, tuple(others))
