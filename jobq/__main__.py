@@ -253,6 +253,14 @@ def main(argv: list[str] | None = None) -> int:
         return run(cli.run(args, settings))
     from jobq.migrate import PreBaselineDatabase
 
+    if command == "run":  # the kept webhook secret is made once, before the children start
+        from jobq.domain.signing import with_secret
+
+        try:
+            settings = with_secret(settings)
+        except (ValueError, OSError) as exc:
+            print(f"jobq: {exc}", file=sys.stderr)
+            return 1
     try:
         if command == "run":
             code = supervise(settings)

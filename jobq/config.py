@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
@@ -67,6 +69,28 @@ def _ports(value: Any) -> Any:
 
 Seconds = Annotated[timedelta, BeforeValidator(_seconds)]
 
+MIN_SECRET_BYTES = 32
+WEAK_SECRET = (
+    f"must be whsec_ and the base64 of at least {MIN_SECRET_BYTES} random bytes (Standard"
+    ' Webhooks); make one with: python3 -c "import base64, secrets;'
+    f" print('whsec_' + base64.b64encode(secrets.token_bytes({MIN_SECRET_BYTES})).decode())\""
+    " (or leave it unset: jobq then makes one and keeps it in JOBQ_WEBHOOK_SECRET_FILE)"
+)
+"""Why a webhook secret is refused, and how to make one."""
+
+
+def webhook_key(secret: str) -> bytes | None:
+    """The key bytes of a Standard Webhooks secret (`whsec_` and base64, padding optional), or
+    None when `secret` is not one or its key is under `MIN_SECRET_BYTES`."""
+    encoded = secret.strip().removeprefix("whsec_")
+    if not secret.startswith("whsec_") or not encoded:
+        return None
+    try:
+        key = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
+    except binascii.Error:
+        return None
+    return key if len(key) >= MIN_SECRET_BYTES else None
+
 
 def _env(name: str) -> Any:
     """A field read from `JOBQ_<NAME>` that can also be set by its Python name."""
@@ -124,12 +148,18 @@ class Settings(BaseSettings):
     """The queues a worker process serves, with its slots for each (`reminders:16,exports:2`
     in the env). Empty: every declared queue, with its declared slots or
     `max_concurrent_jobs`."""
+    reminder_user_max_running: int = Field(
+        default=2, ge=1, validation_alias=_env("REMINDER_USER_MAX_RUNNING")
+    )
+    """At most this many deliveries of one user's reminders at once (all workers): a user's
+    share of the delivery slots (`jobq.domain.shares`)."""
     reminder_host_max_running: int = Field(
         default=4, ge=1, validation_alias=_env("REMINDER_HOST_MAX_RUNNING")
     )
-    """At most this many reminder deliveries to one webhook host at once (all workers)."""
+    """At most this many reminder deliveries to one webhook address at once (all workers): the
+    address the host resolves to (an IPv6 address by its /64), whatever the names."""
     reminder_host_rate: int = Field(default=20, ge=1, validation_alias=_env("REMINDER_HOST_RATE"))
-    """At most this many reminder deliveries to one webhook host per
+    """At most this many reminder deliveries to one webhook address per
     `reminder_host_rate_period`."""
     reminder_host_rate_period: Seconds = Field(
         default=timedelta(seconds=1), validation_alias=_env("REMINDER_HOST_RATE_PERIOD_S")
@@ -178,9 +208,15 @@ class Settings(BaseSettings):
     backoff_max: Seconds = Field(default=timedelta(hours=1), validation_alias=_env("BACKOFF_MAX_S"))
     backoff_jitter: float = Field(default=0.25, ge=0, le=1, validation_alias=_env("BACKOFF_JITTER"))
     """Fraction of each backoff that is randomised away (0: none, 1: full jitter)."""
-    webhook_secret: SecretStr = Field(
-        default=SecretStr("change-me"), validation_alias=_env("WEBHOOK_SECRET")
+    webhook_secret: SecretStr | None = Field(default=None, validation_alias=_env("WEBHOOK_SECRET"))
+    """The key that signs webhook deliveries (Standard Webhooks): `whsec_` and the base64 of at
+    least 32 random bytes; a weaker one is refused at start. Unset: one is made at the first
+    start and kept in `webhook_secret_file`."""
+    webhook_secret_file: Path = Field(
+        default=PROJECT_ROOT / ".webhook-secret", validation_alias=_env("WEBHOOK_SECRET_FILE")
     )
+    """Where the webhook secret made when `webhook_secret` is unset is kept (mode 0600), and
+    read back at every start."""
     webhook_timeout: Seconds = Field(
         default=timedelta(seconds=10), validation_alias=_env("WEBHOOK_TIMEOUT_S")
     )
@@ -188,7 +224,12 @@ class Settings(BaseSettings):
     webhook_connect_timeout: Seconds = Field(
         default=timedelta(seconds=5), validation_alias=_env("WEBHOOK_CONNECT_TIMEOUT_S")
     )
-    """Connect timeout of a webhook call."""
+    """Connect timeout of a webhook call, and the longest DNS lookup of a webhook's host."""
+    webhook_total_timeout: Seconds = Field(
+        default=timedelta(seconds=15), validation_alias=_env("WEBHOOK_TOTAL_TIMEOUT_S")
+    )
+    """The deadline of a whole delivery attempt (lookup, connect, send, read the answer): a
+    server that trickles its answer cannot stretch an attempt past it."""
     webhook_max_response_bytes: int = Field(
         default=64 * 1024, ge=0, validation_alias=_env("WEBHOOK_MAX_RESPONSE_BYTES")
     )
@@ -257,8 +298,18 @@ class Settings(BaseSettings):
     )
     """How often the leader counts the queue depths for `/metrics` (`jobq.queue.leader.depth`)."""
 
+    @field_validator("webhook_secret")
+    @classmethod
+    def _strong_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and webhook_key(value.get_secret_value()) is None:
+            raise ValueError(WEAK_SECRET)
+        return value
+
     @field_validator(
-        "reminder_host_rate_period", "metrics_flush_interval", "metrics_snapshot_interval"
+        "reminder_host_rate_period",
+        "metrics_flush_interval",
+        "metrics_snapshot_interval",
+        "webhook_total_timeout",
     )
     @classmethod
     def _positive(cls, value: timedelta) -> timedelta:

@@ -39,7 +39,7 @@ from tests.toolkit.database import (
     reset_tables,
     truncate_filled,
 )
-from tests.toolkit.procs import Procs
+from tests.toolkit.procs import WEBHOOK_SECRET, Procs
 from tests.toolkit.receiver import WebhookReceiver
 
 TABLES = [
@@ -64,6 +64,7 @@ TABLES = [
     "job_trace",
     "job_type_depth",
     "job_leader",
+    "webhook_hold",
 ]
 
 
@@ -140,7 +141,7 @@ def make_settings(database_url: str, **overrides: Any) -> Settings:
         "lease": timedelta(seconds=5),
         "drain_timeout": timedelta(seconds=2),
         "backoff_base": timedelta(seconds=1),
-        "webhook_secret": "test-secret",
+        "webhook_secret": WEBHOOK_SECRET,
         "webhook_timeout": timedelta(seconds=2),
         "webhook_allow_private": True,  # the test receivers listen on 127.0.0.1
         "rate_limit_per_s": 0,  # tests of the rate limit set their own

@@ -44,7 +44,7 @@ from tests.toolkit.procs import (
     registered,
 )
 from tests.toolkit.receiver import WebhookReceiver as Receiver
-from tests.toolkit.receiver import signature
+from tests.toolkit.receiver import signed
 
 pytestmark = pytest.mark.slow
 
@@ -242,7 +242,7 @@ async def test_serve_behind_pgbouncer_starts_writes_and_delivers_reminders(
         assert {b["reminder_id"] for b in bodies} == {a.json()["id"] for a in answers}
         for request, body in zip(receiver.requests, bodies, strict=True):
             assert datetime.fromisoformat(body["remind_at"]) <= request.received_at
-            assert request.headers["x-jobq-signature"] == signature(WEBHOOK_SECRET, request.body)
+            assert signed(WEBHOOK_SECRET, request.headers, request.body)
     server.popen.send_signal(signal.SIGTERM)
     assert await server.exit_code(within=15) == 0
     assert "Traceback" not in server.log()

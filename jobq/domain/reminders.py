@@ -17,11 +17,11 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Self
-from urllib.parse import urlsplit
 
 from pydantic import AwareDatetime, BaseModel, Field, model_validator
 
 from jobq import clock, db, statements
+from jobq.domain import shares
 from jobq.domain.recurring import Recurrence
 from jobq.domain.types import NOT_BLANK, REQUEST, Text
 from jobq.domain.users import require_user
@@ -31,16 +31,7 @@ from jobq.queue.control import JobState
 
 SEND_REMINDER = "send_reminder"
 QUEUE = "reminders"
-"""The queue of reminder deliveries; its per-key limits hold per webhook host."""
-
-
-def delivery_key(webhook_url: str | None) -> str | None:
-    """The concurrency key of a delivery to `webhook_url`: `host:<its host name>`, lower-case
-    (None without a webhook: a delivery to the log is not limited)."""
-    if webhook_url is None:
-        return None
-    host = urlsplit(webhook_url).hostname
-    return f"host:{host}" if host else None
+"""The queue of reminder deliveries; its per-key limits hold per user (`jobq.domain.shares`)."""
 
 
 MAX_AHEAD = timedelta(days=3660)
@@ -243,7 +234,7 @@ async def schedule_reminder(user_id: int, data: NewReminder, *, max_unsent: int)
             tz=recurrence.tz,
             starts_at=remind_at,
             queue=QUEUE,
-            concurrency_key=delivery_key(user["webhook_url"]),
+            concurrency_key=shares.delivery_key(user_id),
             occurrence_arg="occurrence_at",
         )
         return await get_reminder(reminder_id, user_id)
@@ -253,7 +244,7 @@ async def schedule_reminder(user_id: int, data: NewReminder, *, max_unsent: int)
             arguments={"reminder_id": reminder_id},
             ripe_at=remind_at,
             queue=QUEUE,
-            concurrency_key=delivery_key(user["webhook_url"]),
+            concurrency_key=shares.delivery_key(user_id),
         )
     )
     await statements.reminder_job_set.execute(conn, reminder_id=reminder_id, job_id=job.id)

@@ -2,31 +2,45 @@
 
 Unless `webhook_allow_private` (local development), a webhook URL must be `http` or `https`,
 use a port of `webhook_ports`, and every address its host resolves to must be public: not
-unspecified (`0.0.0.0`, `::`), loopback, link-local (`169.254.0.0/16`, `fe80::/10`),
-multicast, private (RFC 1918, `fc00::/7`, `100.64.0.0/10`, ...), site-local or reserved, nor
-an IPv4-mapped IPv6 spelling of one (`::ffff:127.0.0.1`). Other spellings of an IPv4 address
-(`2130706433`, `0177.0.0.1`, `0x7f.1`) are normalised by the URL parser and by the resolver,
-and checked as the address they name.
+unspecified, loopback, link-local, multicast, private, site-local or reserved, not in a block
+of IANA's special-purpose address registries (`192.0.0.0/24`, `198.18.0.0/15`, `100.64.0.0/10`,
+`2001::/23`, `3fff::/20`, ...: `SPECIAL_PURPOSE`, checked here because Python's own
+`is_global` table differs between versions), and global by `ipaddress`'s `is_global`. An IPv6
+address that embeds an IPv4 one (IPv4-mapped `::ffff:127.0.0.1`, 6to4 `2002:7f00:1::`, NAT64
+`64:ff9b::7f00:1`, Teredo's server and client) is refused when the IPv4 one is. Other spellings
+of an IPv4 address (`2130706433`, `0177.0.0.1`, `0x7f.1`) are normalised by the URL parser and
+by the resolver, and checked as the address they name. A refusal says why by the address's
+class and never names the address (an anonymous caller learns nothing of internal names).
 
-The check runs twice: when a URL is registered (`check_url`: 422 naming the reason), and at
-every delivery inside the HTTP client (`webhook_transport`): its network backend resolves the
-name itself, checks every address, and connects to the checked one; TLS still verifies the
-name. A name that resolves to a private address at delivery (DNS rebinding) is refused
-there, before any connection. Redirects are never followed (see `jobq.jobs.reminders`).
+The check runs when a URL is registered (`check_url`: 422) and at every delivery attempt,
+before any byte is sent (`resolve_target`: the delivery resolves the name once, checks every
+address, and pins the connection to the checked one with `pinned`); the client's network
+backend (`webhook_client`) checks again whatever it connects to, so a name that resolves to a
+private address at delivery (DNS rebinding, or a URL stored while the guard was off) is refused
+there. TLS still verifies the name. Every lookup is bounded by `webhook_connect_timeout`.
+Redirects are never followed (see `jobq.jobs.reminders`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
+import logging
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
 
 import httpcore
 import httpx
 
 from jobq.config import Settings
 from jobq.errors import UnsafeWebhook
+
+log = logging.getLogger(__name__)
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 _CATEGORIES = (
     "unspecified",
@@ -38,6 +52,113 @@ _CATEGORIES = (
     "private",
 )
 
+SPECIAL_PURPOSE = tuple(
+    ipaddress.ip_network(block)
+    for block in (
+        # IANA IPv4 Special-Purpose Address Registry (RFC 6890 and later)
+        "0.0.0.0/8",
+        "10.0.0.0/8",
+        "100.64.0.0/10",
+        "127.0.0.0/8",
+        "169.254.0.0/16",
+        "172.16.0.0/12",
+        "192.0.0.0/24",
+        "192.0.2.0/24",
+        "192.31.196.0/24",
+        "192.52.193.0/24",
+        "192.88.99.0/24",
+        "192.168.0.0/16",
+        "192.175.48.0/24",
+        "198.18.0.0/15",
+        "198.51.100.0/24",
+        "203.0.113.0/24",
+        "224.0.0.0/4",
+        "240.0.0.0/4",
+        # IANA IPv6 Special-Purpose Address Registry
+        "::/128",
+        "::1/128",
+        "::ffff:0:0/96",
+        "64:ff9b:1::/48",
+        "100::/64",
+        "2001::/23",
+        "2001:db8::/32",
+        "2620:4f:8000::/48",
+        "3fff::/20",
+        "5f00::/16",
+        "fc00::/7",
+        "fe80::/10",
+        "fec0::/10",
+        "ff00::/8",
+    )
+)
+"""The blocks of IANA's special-purpose address registries (both families): none of them is a
+webhook's. `2002::/16` (6to4) and `64:ff9b::/96` (NAT64) are judged by the IPv4 address they
+embed."""
+
+_EMBEDS_IPV4 = tuple(
+    ipaddress.IPv6Network(block)
+    for block in (
+        "64:ff9b::/96",  # NAT64, well-known prefix (RFC 6052)
+        "64:ff9b:1::/48",  # NAT64, local use (RFC 8215)
+        "::ffff:0:0:0/96",  # IPv4-translated (RFC 2765)
+        "::/96",  # IPv4-compatible (deprecated, RFC 4291)
+    )
+)
+"""IPv6 blocks whose last 32 bits are an IPv4 address (besides IPv4-mapped, 6to4, Teredo)."""
+
+_ROUTES_TO_IPV4 = (ipaddress.IPv6Network("2002::/16"), ipaddress.IPv6Network("64:ff9b::/96"))
+"""6to4 and NAT64's well-known prefix: an address there reaches the IPv4 address it embeds,
+and is allowed when that one is."""
+
+
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses that IPv6 address `ip` embeds: IPv4-mapped (`::ffff:a.b.c.d`), 6to4
+    (`2002:AABB:CCDD::`), Teredo (its server and client), NAT64 (`64:ff9b::/96`,
+    `64:ff9b:1::/48`), IPv4-translated and IPv4-compatible (the last 32 bits)."""
+    found = [v4 for v4 in (ip.ipv4_mapped, ip.sixtofour) if v4 is not None]
+    if ip.teredo is not None:
+        found.extend(ip.teredo)
+    if int(ip) > 1 and any(ip in block for block in _EMBEDS_IPV4):  # `::` and `::1` are not
+        found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    return found
+
+
+def address_class(ip: IPAddress) -> str | None:
+    """Why `ip` is not public (`loopback`, `link-local`, `private`, ..., `special-purpose`,
+    `non-public`), or None when it is."""
+    for category in _CATEGORIES:
+        if getattr(ip, f"is_{category}", False):
+            return category.replace("_", "-")
+    if any(ip in block for block in SPECIAL_PURPOSE if block.version == ip.version):
+        return "special-purpose"
+    return None if ip.is_global else "non-public"
+
+
+def refusal(address: str, port: int, settings: Settings) -> str | None:
+    """Return why a webhook may not connect to `address` (an IP, text) on `port`, without
+    naming the address (`its host resolves to a loopback address`), or None when it may.
+    Always None with `settings.webhook_allow_private`."""
+    if settings.webhook_allow_private:
+        return None
+    if port not in settings.webhook_ports:
+        allowed = ", ".join(str(p) for p in sorted(settings.webhook_ports))
+        return f"port {port} is not allowed (allowed: {allowed})"
+    ip = ipaddress.ip_address(address.partition("%")[0])
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = embedded_ipv4(ip)
+        for v4 in embedded:
+            found = address_class(v4)
+            if found is not None:
+                return f"its host resolves to an IPv6 form of {_a(found)} address"
+        if embedded and (ip.ipv4_mapped or any(ip in block for block in _ROUTES_TO_IPV4)):
+            return None  # it reaches the public IPv4 address it embeds
+    found = address_class(ip)
+    return None if found is None else f"its host resolves to {_a(found)} address"
+
+
+def _a(category: str) -> str:
+    return f"an {category}" if category[0] in "aeiou" else f"a {category}"
+
 
 async def resolve(host: str, port: int) -> list[str]:
     """Return the IP addresses (text) `host` resolves to for TCP, as the system resolver
@@ -46,39 +167,25 @@ async def resolve(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
-def refusal(address: str, port: int, settings: Settings) -> str | None:
-    """Return why a webhook may not connect to `address` (an IP, text) on `port`, or None when
-    it may. Always None with `settings.webhook_allow_private`."""
-    if settings.webhook_allow_private:
-        return None
-    if port not in settings.webhook_ports:
-        allowed = ", ".join(str(p) for p in sorted(settings.webhook_ports))
-        return f"port {port} is not allowed (allowed: {allowed})"
-    ip = ipaddress.ip_address(address.partition("%")[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    for category in _CATEGORIES:
-        if getattr(ip, f"is_{category}", False):
-            return f"{address} is a {category.replace('_', '-')} address"
-    if not ip.is_global:
-        return f"{address} is not a public address"
-    return None
-
-
 async def checked_addresses(host: str, port: int, settings: Settings) -> list[str]:
-    """Resolve `host` and return its addresses when every one of them is allowed on `port`.
-    Raises: `UnsafeWebhook` naming the first refused address, or when `host` does not
-    resolve."""
+    """Resolve `host`, within `webhook_connect_timeout`, and return its addresses when every
+    one of them is allowed on `port`. Raises: `UnsafeWebhook` saying why the first refused
+    one is (`its host resolves to a loopback address`: never naming it), or that `host` does
+    not resolve, or not in time."""
+    limit = settings.webhook_connect_timeout.total_seconds()
     try:
-        addresses = await resolve(host.strip("[]"), port)
+        async with asyncio.timeout(limit):
+            addresses = await resolve(host.strip("[]"), port)
+    except TimeoutError as exc:
+        raise UnsafeWebhook(f"its host did not resolve within {limit:g} s") from exc
     except OSError as exc:
-        raise UnsafeWebhook(f"webhook host {host} does not resolve ({exc})") from exc
+        raise UnsafeWebhook(f"its host does not resolve ({exc})") from exc
     if not addresses:
-        raise UnsafeWebhook(f"webhook host {host} does not resolve")
+        raise UnsafeWebhook("its host does not resolve")
     for address in addresses:
         reason = refusal(address, port, settings)
         if reason is not None:
-            raise UnsafeWebhook(f"webhook refused: {host} -> {reason}")
+            raise UnsafeWebhook(reason)
     return addresses
 
 
@@ -92,6 +199,50 @@ async def check_url(url: str, settings: Settings) -> None:
         raise UnsafeWebhook("webhook_url must be http or https")
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
     await checked_addresses(parsed.host, port, settings)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where one delivery attempt connects: the URL's `host` (as the HTTP client sends it:
+    IDNA-encoded, no brackets), `port`, and the checked `address` it resolved to."""
+
+    host: str
+    port: int
+    address: str
+
+    @property
+    def share_key(self) -> str:
+        """What the per-address delivery limits count by: the IPv4 address, or the /64 of an
+        IPv6 one (one host's usual allocation: its addresses count as one)."""
+        ip = ipaddress.ip_address(self.address.partition("%")[0])
+        if isinstance(ip, ipaddress.IPv6Address):
+            return str(ipaddress.IPv6Network((int(ip) >> 64 << 64, 64)))
+        return str(ip)
+
+
+async def resolve_target(url: str, settings: Settings) -> Target:
+    """Resolve the host of webhook `url` for one delivery attempt and check every address it
+    resolves to (`checked_addresses`, even with `webhook_allow_private`, which allows every
+    one); return the first. Raises: `UnsafeWebhook`."""
+    parsed = httpx.URL(url)
+    host = parsed.raw_host.decode("ascii").strip("[]").lower()
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    addresses = await checked_addresses(host, port, settings)
+    return Target(host, port, addresses[0])
+
+
+_PINNED: ContextVar[Target | None] = ContextVar("jobq_webhook_target", default=None)
+
+
+@contextlib.contextmanager
+def pinned(target: Target) -> Iterator[None]:
+    """Within the block, a new connection of `webhook_client` to `target`'s host and port goes
+    to `target.address` (checked again) instead of resolving the name once more."""
+    token = _PINNED.set(target)
+    try:
+        yield
+    finally:
+        _PINNED.reset(token)
 
 
 class _GuardedBackend(httpcore.AsyncNetworkBackend):
@@ -109,16 +260,21 @@ class _GuardedBackend(httpcore.AsyncNetworkBackend):
         local_address: str | None = None,
         socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
     ) -> httpcore.AsyncNetworkStream:
+        target = _PINNED.get()
         try:
-            async with asyncio.timeout(timeout):
-                addresses = await checked_addresses(host, port, self._settings)
+            if target is not None and (target.host, target.port) == (host.strip("[]"), port):
+                reason = refusal(target.address, port, self._settings)
+                if reason is not None:
+                    raise UnsafeWebhook(reason)
+                address = target.address
+            else:
+                async with asyncio.timeout(timeout):
+                    [address, *_] = await checked_addresses(host, port, self._settings)
         except UnsafeWebhook as exc:
-            raise httpcore.ConnectError(exc.message) from exc
+            raise httpcore.ConnectError(f"refused: {exc.message}") from exc
         except TimeoutError as exc:
             raise httpcore.ConnectTimeout(f"resolving {host} timed out") from exc
-        return await self._inner.connect_tcp(
-            addresses[0], port, timeout, local_address, socket_options
-        )
+        return await self._inner.connect_tcp(address, port, timeout, local_address, socket_options)
 
     async def connect_unix_socket(
         self,
@@ -163,3 +319,14 @@ def webhook_client(settings: Settings, timeout: httpx.Timeout) -> httpx.AsyncCli
         follow_redirects=False,
         trust_env=False,
     )
+
+
+def warn_if_unguarded(settings: Settings) -> None:
+    """Log a WARNING when the SSRF guard is off (`webhook_allow_private`): called at every
+    start of a process that delivers."""
+    if settings.webhook_allow_private:
+        log.warning(
+            "the webhook SSRF guard is off (JOBQ_WEBHOOK_ALLOW_PRIVATE=true): reminders may be"
+            " delivered to any address and port, this machine's and its network's included;"
+            " for local development only"
+        )

@@ -1,9 +1,15 @@
-"""`send_reminder`: deliver a reminder to its user's webhook (or to the log)."""
+"""`send_reminder`: deliver a reminder to its user's webhook (or to the log).
+
+An attempt resolves the webhook's host and checks every address (the SSRF guard,
+`jobq.domain.webhooks`), takes a hold on the address's share of deliveries
+(`jobq.domain.shares`; snoozed when it is full), then POSTs the reminder signed by the Standard
+Webhooks scheme (`jobq.domain.signing`) to the checked address, all within
+`webhook_total_timeout`.
+"""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
+import asyncio
 import json
 import logging
 from datetime import UTC, datetime
@@ -11,15 +17,14 @@ from datetime import UTC, datetime
 import httpx
 from pydantic import AwareDatetime, BaseModel, TypeAdapter
 
+from jobq import clock
 from jobq.config import Settings
 from jobq.db import transaction
-from jobq.domain import reminders
-from jobq.errors import JobqError
+from jobq.domain import reminders, shares, signing, webhooks
+from jobq.errors import JobqError, Snooze, UnsafeWebhook
 from jobq.queue import JobContext, handler
 
 log = logging.getLogger(__name__)
-
-SIGNATURE_HEADER = "X-Jobq-Signature"
 
 
 class SendReminderArgs(BaseModel):
@@ -36,34 +41,42 @@ class WebhookFailed(JobqError):
     code = "webhook_failed"
 
 
-def sign(body: bytes, secret: str) -> str:
-    """Return the `X-Jobq-Signature` value of `body`: `sha256=` and the hex HMAC-SHA256 of the
-    exact body bytes under `secret` (the scheme GitHub webhooks use)."""
-    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-
-
 def webhook_timeout(settings: Settings) -> httpx.Timeout:
     """The limits of one webhook call: `webhook_connect_timeout` to connect (and to get a
     pooled connection), `webhook_timeout` for each read and write. The whole attempt is
-    bounded by the handler's own timeout."""
+    bounded by `webhook_total_timeout` (`send_reminder`)."""
     connect = settings.webhook_connect_timeout.total_seconds()
     read = settings.webhook_timeout.total_seconds()
     return httpx.Timeout(connect=connect, read=read, write=read, pool=connect)
 
 
+def delivery_id(reminder_id: int, occurrence_at: datetime | None) -> str:
+    """The `webhook-id` of a reminder's delivery (of one occurrence of a recurring one): the
+    same on every attempt, so a receiver can drop a delivery it has seen."""
+    if occurrence_at is None:
+        return f"msg_reminder_{reminder_id}"
+    return f"msg_reminder_{reminder_id}_{utc_z(occurrence_at)}"
+
+
 async def post_webhook(
-    http: httpx.AsyncClient, url: str, body: bytes, *, settings: Settings
+    http: httpx.AsyncClient, url: str, body: bytes, *, settings: Settings, msg_id: str
 ) -> tuple[int, bool]:
-    """POST `body` (JSON) to `url`, signed with `settings.webhook_secret`, within
-    `webhook_timeout(settings)`, never following a redirect. Return the answer's status and
-    whether its body was read in full.
+    """POST `body` (JSON) to `url` with the Standard Webhooks headers of delivery `msg_id`
+    (`jobq.domain.signing`, under `settings.webhook_secret`), within `webhook_timeout`, never
+    following a redirect. Return the answer's status and whether its body was read in full.
 
     The answer's body is read raw (never decompressed) up to `webhook_max_response_bytes`,
     then the connection is dropped: a webhook cannot make the worker read, or hold, more.
-    Raises: `httpx.HTTPError` on network errors and timeouts.
+    Raises: `httpx.HTTPError` on network errors and timeouts; `RuntimeError` when no secret is
+    set (`jobq.domain.signing.with_secret` sets one).
     """
+    if settings.webhook_secret is None:
+        raise RuntimeError("no webhook secret: see jobq.domain.signing.with_secret")
     secret = settings.webhook_secret.get_secret_value()
-    headers = {"Content-Type": "application/json", SIGNATURE_HEADER: sign(body, secret)}
+    headers = {
+        "Content-Type": "application/json",
+        **signing.signature_headers(secret, msg_id, body, clock.now()),
+    }
     limit = settings.webhook_max_response_bytes
     request = http.build_request(
         "POST", url, content=body, headers=headers, timeout=webhook_timeout(settings)
@@ -78,6 +91,56 @@ async def post_webhook(
         return response.status_code, True
     finally:
         await response.aclose()
+
+
+async def deliver(
+    http: httpx.AsyncClient, url: str, body: bytes, *, settings: Settings, msg_id: str
+) -> int:
+    """One delivery attempt of `body` to `url` within `webhook_total_timeout`: resolve and check
+    the host (`jobq.domain.webhooks.resolve_target`), take a hold on its address's share
+    (`jobq.domain.shares.take`), POST to the checked address (`post_webhook`). Return the
+    hold's id once the webhook accepted it (the caller releases it); a failed attempt releases
+    it.
+    Raises: `Snooze` when the address is at its limits; `WebhookFailed` saying what failed
+    (never the URL's path, query or credentials, nor an address)."""
+    host = httpx.URL(url).host
+    total = settings.webhook_total_timeout.total_seconds()
+    hold: int | None = None
+    try:
+        async with asyncio.timeout(total):
+            target = await webhooks.resolve_target(url, settings)
+            taken = await shares.take(target.share_key, clock.now(), settings)
+            if not isinstance(taken, int):
+                raise Snooze(taken.total_seconds())
+            hold = taken
+            with webhooks.pinned(target):
+                status, read_all = await post_webhook(
+                    http, url, body, settings=settings, msg_id=msg_id
+                )
+    except (TimeoutError, UnsafeWebhook, httpx.HTTPError) as exc:
+        if hold is not None:
+            await release(hold)
+        if isinstance(exc, TimeoutError):
+            raise WebhookFailed(f"webhook at {host}: no answer within {total:g} s") from exc
+        if isinstance(exc, UnsafeWebhook):
+            raise WebhookFailed(f"webhook at {host} refused: {exc.message}") from exc
+        raise WebhookFailed(describe_failure(url, exc)) from exc
+    if not read_all:
+        log.warning(
+            "the answer of the webhook at %s is over %d bytes; the rest was not read",
+            host,
+            settings.webhook_max_response_bytes,
+        )
+    if not 200 <= status < 300:
+        await release(hold)
+        raise WebhookFailed(f"webhook at {host} answered HTTP {status}")
+    return hold
+
+
+async def release(hold: int) -> None:
+    """End hold `hold` (`jobq.domain.shares.release`) in a transaction of its own."""
+    async with transaction():
+        await shares.release(hold, clock.now())
 
 
 def utc_z(moment: datetime) -> str:
@@ -105,14 +168,16 @@ def describe_failure(url: str, exc: httpx.HTTPError) -> str:
 @handler(reminders.SEND_REMINDER, args=SendReminderArgs, queue=reminders.QUEUE, timeout=60)
 async def send_reminder(args: SendReminderArgs, job: JobContext) -> None:
     """POST the reminder as JSON (`reminder_id`, `user_id`, `message`, `remind_at`, `attempt`;
-    for an occurrence of a recurring one also `occurrence_at`, which a receiver can deduplicate
-    on) to the user's webhook, signed (see `post_webhook`); then mark it sent, or the
-    occurrence delivered (once, even if this job runs twice). The answer's status decides: an
-    answer longer than `webhook_max_response_bytes` is not read further, and counts by its
-    status alone.
-    Raises: `WebhookFailed` on a non-2xx answer (a redirect included), on network errors and
-    timeouts, and on an address the SSRF guard refuses (`jobq.domain.webhooks`), saying what
-    failed: the attempt fails and is retried with backoff."""
+    for an occurrence of a recurring one also `occurrence_at`) to the user's webhook, signed
+    (Standard Webhooks: `webhook-id` names the delivery, the same on every attempt), see
+    `deliver`; then mark it sent, or the occurrence delivered (once, even if this job runs
+    twice). The answer's status decides: an answer longer than `webhook_max_response_bytes` is
+    not read further, and counts by its status alone.
+    Raises: `Snooze` when the webhook's address is at its share of deliveries
+    (`jobq.domain.shares`); `WebhookFailed` on a non-2xx answer (a redirect included), on
+    network errors and timeouts (the whole attempt within `webhook_total_timeout`), and on an
+    address the SSRF guard refuses (`jobq.domain.webhooks`, checked at every attempt), saying
+    what failed: the attempt fails and is retried with backoff."""
     settings: Settings = job.state["settings"]
     http: httpx.AsyncClient = job.state["http"]
     occurrence = args.occurrence_at
@@ -122,6 +187,7 @@ async def send_reminder(args: SendReminderArgs, job: JobContext) -> None:
         )
     if delivery is None:
         return  # sent by an earlier run, or deleted
+    hold: int | None = None
     if delivery.webhook_url is None:
         log.info(
             "reminder %s for user %s: %s", delivery.reminder_id, delivery.user_id, delivery.message
@@ -137,22 +203,11 @@ async def send_reminder(args: SendReminderArgs, job: JobContext) -> None:
         if occurrence is not None:
             fields["occurrence_at"] = utc_z(occurrence)
         body = json.dumps(fields, ensure_ascii=False).encode()
-        try:
-            status, read_all = await post_webhook(
-                http, delivery.webhook_url, body, settings=settings
-            )
-        except httpx.HTTPError as exc:
-            raise WebhookFailed(describe_failure(delivery.webhook_url, exc)) from exc
-        if not read_all:
-            log.warning(
-                "reminder %s: the webhook's answer is over %d bytes; the rest was not read",
-                delivery.reminder_id,
-                settings.webhook_max_response_bytes,
-            )
-        if not 200 <= status < 300:
-            host = httpx.URL(delivery.webhook_url).host
-            raise WebhookFailed(f"webhook at {host} answered HTTP {status}")
+        msg_id = delivery_id(delivery.reminder_id, occurrence)
+        hold = await deliver(http, delivery.webhook_url, body, settings=settings, msg_id=msg_id)
     async with transaction():
+        if hold is not None:
+            await shares.release(hold, clock.now())
         if occurrence is None:
             await reminders.mark_sent(args.reminder_id, attempts=job.attempt)
         else:

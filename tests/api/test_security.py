@@ -40,7 +40,7 @@ from tests.conftest import make_settings
 from tests.toolkit.procs import free_port
 from tests.toolkit.receiver import WebhookReceiver
 
-WEBHOOK_SECRET = "whsec-3b8f1c7a-never-logged"  # noqa: S105 (a test value)
+WEBHOOK_SECRET = "whsec_bmV2ZXItbG9nZ2VkLTNiOGYxYzdhLXdlYmhvb2sta2U="  # noqa: S105 (a test value)
 DB_PASSWORD = "pw-9e4d2a61-never-logged"  # noqa: S105 (a test value)
 WELL_FORMED_KEY = "jq_1_" + "k" * 43
 """An API key of the right form: checking it needs the database."""

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from urllib.parse import urlsplit
 
 import pytest
 from freezegun import freeze_time
@@ -77,7 +78,21 @@ REFUSED = {
     "http://10.0.0.5/hook": "private",
     "http://172.16.3.4/hook": "private",
     "http://192.168.1.1/hook": "private",
-    "http://100.64.0.1/hook": "not a public address",
+    "http://100.64.0.1/hook": "special-purpose",
+    "http://192.0.0.8/hook": "special-purpose",  # IETF protocol assignments, 192.0.0.0/24
+    "http://198.18.0.1/hook": "private",  # benchmarking, 198.18.0.0/15
+    "http://192.88.99.1/hook": "special-purpose",  # the 6to4 relay anycast
+    "http://[2002:7f00:1::]/hook": "IPv6 form of a loopback",  # 6to4 of 127.0.0.1
+    "http://[2002:a00:1::]/hook": "IPv6 form of a private",  # 6to4 of 10.0.0.1
+    "http://[64:ff9b::7f00:1]/hook": "IPv6 form of a loopback",  # NAT64 of 127.0.0.1
+    "http://[64:ff9b::a9fe:a9fe]/hook": "IPv6 form of a link-local",  # NAT64, 169.254.169.254
+    "http://[64:ff9b:1::a00:1]/hook": "IPv6 form of a private",  # local-use NAT64 of 10.0.0.1
+    "http://[::ffff:0:7f00:1]/hook": "IPv6 form of a loopback",  # IPv4-translated
+    "http://[::7f00:1]/hook": "IPv6 form of a loopback",  # IPv4-compatible
+    # Teredo: server 65.54.227.120, client 192.0.2.45 (obfuscated in the last 32 bits)
+    "http://[2001:0:4136:e378:8000:63bf:3fff:fdd2]/hook": "IPv6 form of a private",
+    "http://[2001:db8::1]/hook": "private",
+    "http://[3fff::1]/hook": "special-purpose",  # documentation, 3fff::/20
     "http://[fc00::1]/hook": "private",
     "http://169.254.169.254/latest/meta-data/": "link-local",
     "http://[fe80::1]/hook": "link-local",
@@ -107,6 +122,8 @@ async def test_refused_at_registration_with_the_reason(
     assert error["loc"] == ["webhook_url"]
     assert error["type"] == "unsafe_webhook"
     assert reason in error["msg"]
+    for address in (urlsplit(url).hostname, "127.0.0.1", "10.1.2.3"):
+        assert address not in error["msg"]  # the answer names no address
     assert await conn.fetchval("SELECT count(*) FROM users") == 0
     assert await conn.fetchval("SELECT count(*) FROM api_keys") == 0
 
@@ -121,7 +138,14 @@ async def test_a_name_that_does_not_resolve_is_refused(client: Client, dns: Answ
 
 
 @pytest.mark.parametrize(
-    "url", [f"http://{PUBLIC}/hook", "https://hooks.example.test/hook", f"http://{PUBLIC}:443/"]
+    "url",
+    [
+        f"http://{PUBLIC}/hook",
+        "https://hooks.example.test/hook",
+        f"http://{PUBLIC}:443/",
+        "http://[2002:5db8:d70e::1]/hook",  # 6to4 of PUBLIC
+        "http://[64:ff9b::5db8:d70e]/hook",  # NAT64 of PUBLIC
+    ],
 )
 async def test_public_addresses_on_allowed_ports_are_accepted(
     client: Client, dns: Answers, url: str
@@ -134,8 +158,13 @@ async def test_public_addresses_on_allowed_ports_are_accepted(
 @pytest.mark.parametrize(
     ("address", "port", "reason"),
     [
-        ("127.0.0.1", 80, "127.0.0.1 is a loopback address"),
-        ("::ffff:7f00:1", 80, "::ffff:7f00:1 is a loopback address"),
+        ("127.0.0.1", 80, "its host resolves to a loopback address"),
+        ("::ffff:7f00:1", 80, "its host resolves to an IPv6 form of a loopback address"),
+        ("2002:7f00:1::", 80, "its host resolves to an IPv6 form of a loopback address"),
+        ("192.0.0.8", 80, "its host resolves to a special-purpose address"),
+        ("192.0.0.9", 80, "special-purpose"),
+        ("2001:4:112::1", 80, "private"),
+        ("2002:5db8:d70e::", 80, None),  # 6to4 of a public address
         ("::ffff:169.254.169.254", 80, "link-local"),
         ("fec0::1", 80, "site-local"),
         ("fe80::1%eth0", 80, "link-local"),
@@ -188,8 +217,7 @@ async def test_a_name_rebound_to_loopback_at_delivery_is_refused(
     assert after["status"] == "scheduled"
     assert after["attempts"] == 1
     assert after["last_error"] == (
-        "WebhookFailed: ConnectError from rebind.test: webhook refused: "
-        "rebind.test -> 127.0.0.1 is a loopback address"
+        "WebhookFailed: webhook at rebind.test refused: its host resolves to a loopback address"
     )
 
 
@@ -203,7 +231,7 @@ async def test_a_stored_private_address_is_refused_at_delivery(
     assert await run_jobs(at=T0 + timedelta(seconds=61)) == 1
     assert receiver.requests == []
     after = await reminder_after(client, reminder)
-    assert "127.0.0.1 is a loopback address" in after["last_error"]
+    assert "refused: its host resolves to a loopback address" in after["last_error"]
 
 
 @contextlib.asynccontextmanager

@@ -5,6 +5,7 @@ HTTP receiver on 127.0.0.1: signed JSON, retries with backoff, the dead letter, 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -16,6 +17,7 @@ import httpx
 import pytest
 from freezegun import freeze_time
 from quart.typing import TestClientProtocol as Client
+from standardwebhooks import Webhook, WebhookVerificationError
 
 from jobq.config import Settings
 from jobq.db import Connection
@@ -25,7 +27,7 @@ from jobq.queue import Job, enqueue
 from jobq.queue.model import DEFAULT_MAX_RETRIES
 from tests.api.conftest import RunJobs
 from tests.api.helpers import JSON, create_reminder, create_user
-from tests.toolkit.receiver import WebhookReceiver, assert_reminder_delivery, signature
+from tests.toolkit.receiver import WebhookReceiver, assert_reminder_delivery
 
 T0 = datetime(2031, 3, 4, 10, 0, tzinfo=UTC)
 DUE = T0 + timedelta(seconds=60)
@@ -61,6 +63,7 @@ async def test_due_reminder_is_posted_signed_and_marked_sent(
 
     assert await run_jobs(at=DUE + timedelta(seconds=5)) == 1
     assert len(receiver.requests) == 1
+    assert settings.webhook_secret is not None
     assert_reminder_delivery(
         receiver.requests[0],
         secret=settings.webhook_secret.get_secret_value(),
@@ -79,16 +82,46 @@ async def test_due_reminder_is_posted_signed_and_marked_sent(
         assert await conn.fetchval(f"SELECT count(*) FROM {table}") == 0
 
 
-async def test_signature_is_over_the_exact_body_with_the_secret(
+async def test_the_standard_webhooks_verifier_accepts_a_delivery_and_refuses_its_replay(
     client: Client, run_jobs: RunJobs, receiver: WebhookReceiver, settings: Settings
 ) -> None:
-    await schedule(client, receiver.url)
+    """The `standardwebhooks` package's own verifier, as a receiver runs it: the delivery
+    verifies at its arrival; a changed body, another secret, or the same delivery replayed
+    past the verifier's tolerance (5 minutes) is refused."""
+    reminder = await schedule(client, receiver.url)
     await run_jobs(at=DUE)
     (request,) = receiver.requests
+    assert settings.webhook_secret is not None
     secret = settings.webhook_secret.get_secret_value()
-    assert request.headers["x-jobq-signature"] != signature("other", request.body)
-    assert request.headers["x-jobq-signature"] != signature(secret, request.body + b" ")
-    assert request.headers["x-jobq-signature"] == signature(secret, request.body)
+    headers = {k: v for k, v in request.headers.items() if k.startswith("webhook-")}
+    assert headers["webhook-id"] == f"msg_reminder_{reminder['id']}"
+    assert headers["webhook-timestamp"] == str(int(DUE.timestamp()))
+    with freeze_time(DUE + timedelta(seconds=2)):
+        assert Webhook(secret).verify(request.body, headers)["reminder_id"] == reminder["id"]
+        with pytest.raises(WebhookVerificationError):
+            Webhook(secret).verify(request.body + b" ", headers)
+        other = "whsec_" + base64.b64encode(b"another-secret-of-thirty-two-byt").decode()
+        with pytest.raises(WebhookVerificationError):
+            Webhook(other).verify(request.body, headers)
+    with freeze_time(DUE + timedelta(minutes=6)), pytest.raises(WebhookVerificationError):
+        Webhook(secret).verify(request.body, headers)  # a replay, later
+
+
+async def test_a_delivery_keeps_its_id_across_retries(
+    client: Client, conn: Connection, run_jobs: RunJobs, receiver: WebhookReceiver
+) -> None:
+    """Each attempt is signed at its own time, with the delivery's one id: a receiver that
+    took an attempt whose answer was lost drops the retry by its `webhook-id`."""
+    receiver.status = 500
+    reminder = await schedule(client, receiver.url)
+    await run_jobs(at=DUE)
+    receiver.status = 204
+    ripe_at = await conn.fetchval("SELECT ripe_at FROM job WHERE id = $1", reminder["job_id"])
+    await run_jobs(at=ripe_at)
+    first, second = receiver.requests
+    assert first.headers["webhook-id"] == second.headers["webhook-id"]
+    assert int(second.headers["webhook-timestamp"]) == int(ripe_at.timestamp())
+    assert "x-jobq-signature" not in second.headers
 
 
 async def test_failed_delivery_is_retried_with_backoff_then_fails(

@@ -74,7 +74,7 @@ STEP_DUE_IN_S = (0.5, 1.0, 1.5, 2.0)
 """A step's are due sooner, so that its deliveries overlap its creations as they would in a
 longer run."""
 DRAIN_S = 300.0
-WEBHOOK_SECRET = "load-test-webhook-secret"  # noqa: S105 (a test value)
+WEBHOOK_SECRET = "whsec_bG9hZC10ZXN0LXdlYmhvb2stc2VjcmV0LTMyYnl0ZXM="  # noqa: S105 (a test value)
 
 MARKS_SQL = """
 CREATE TABLE test_load_mark (reminder_id bigint NOT NULL, sent_at timestamptz NOT NULL);

@@ -36,8 +36,9 @@ START_S = 30.0
 """How long a process may take to start (import, migrate, connect; a cold venv on a busy
 machine)."""
 
-WEBHOOK_SECRET = "toolkit-webhook-secret"  # noqa: S105 (a test value)
-"""The `JOBQ_WEBHOOK_SECRET` of the subprocesses that `Procs` starts, unless overridden."""
+WEBHOOK_SECRET = "whsec_dG9vbGtpdC13ZWJob29rLXNlY3JldC1vZi10ZXN0cyE="  # noqa: S105 (a test value)
+"""The webhook secret of the tests (`make_settings`) and of the subprocesses they start
+(`JOBQ_WEBHOOK_SECRET`, unless overridden): a Standard Webhooks secret of 32 bytes."""
 
 
 def free_port() -> int:
@@ -50,14 +51,16 @@ def free_port() -> int:
 
 def subprocess_env(database_url: str, overrides: Mapping[str, str] = {}) -> dict[str, str]:
     """This process's environment without any jobq setting (`JOBQ_*`, `DATABASE_URL`,
-    `TEST_DATABASE_URL`), then `PYTHONPATH` (the project root), unbuffered output and
-    `DATABASE_URL`, then `overrides`."""
+    `TEST_DATABASE_URL`), then `PYTHONPATH` (the project root), unbuffered output,
+    `DATABASE_URL` and `JOBQ_WEBHOOK_SECRET` (`WEBHOOK_SECRET`: no test process makes a secret
+    file in the project), then `overrides`."""
     env = {
         name: value
         for name, value in os.environ.items()
         if not name.startswith("JOBQ_") and name not in {"DATABASE_URL", "TEST_DATABASE_URL"}
     }
     env.update(PYTHONPATH=str(PROJECT_ROOT), PYTHONUNBUFFERED="1", DATABASE_URL=database_url)
+    env.update(JOBQ_WEBHOOK_SECRET=WEBHOOK_SECRET)
     env.update(overrides)
     return env
 

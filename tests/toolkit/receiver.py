@@ -5,13 +5,16 @@ It answers every request `status` (default 200, changeable at any time) with an 
 keeps the connection open (jobq's HTTP client reuses it). It records every request (`requests`:
 method, path, headers, body, arrival), and each delivery of a reminder (`deliveries`): the
 reminder id, the attempt number from the JSON body, the arrival time (wall clock), and whether
-the `X-Jobq-Signature` matches the body under `secret` (checked independently of jobq's code).
+its Standard Webhooks signature (`webhook-signature` over `webhook-id`, `webhook-timestamp` and
+the body) matches under `secret` (checked here by hand, independently of jobq's code and of the
+`standardwebhooks` package).
 Start it with `await receiver.start()`, stop it with `await receiver.close()`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import hmac
@@ -24,7 +27,7 @@ from datetime import UTC, datetime
 from http import HTTPStatus
 
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*(\d+)", re.IGNORECASE)
-_SIGNATURE = re.compile(rb"\r\nx-jobq-signature:[ \t]*([^\r]*)", re.IGNORECASE)
+_HEADER = re.compile(rb"\r\n(webhook-id|webhook-timestamp|webhook-signature):[ \t]*([^\r]*)", re.I)
 
 
 @dataclass(frozen=True)
@@ -39,10 +42,23 @@ class Received:
     received_at: datetime
 
 
-def signature(secret: str, body: bytes) -> str:
-    """The `X-Jobq-Signature` a delivery of `body` must carry: computed here, independently of
-    jobq's own signing code."""
-    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+def signature(secret: str, msg_id: str, timestamp: str, body: bytes) -> str:
+    """The `webhook-signature` a delivery of `body` with that id and timestamp must carry under
+    Standard Webhooks `secret` (`whsec_<base64 key>`): `v1,` and the base64 HMAC-SHA256 of
+    `<id>.<timestamp>.<body>`, computed here, independently of jobq's own signing code."""
+    key = base64.b64decode(secret.removeprefix("whsec_"))
+    digest = hmac.new(key, f"{msg_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(digest).decode()
+
+
+def signed(secret: str, headers: dict[str, str], body: bytes) -> bool:
+    """Whether `headers` (names lower-case) carry a valid Standard Webhooks signature of
+    `body` under `secret` (one of the space-separated `webhook-signature` values)."""
+    if not all(h in headers for h in ("webhook-id", "webhook-timestamp", "webhook-signature")):
+        return False
+    expected = signature(secret, headers["webhook-id"], headers["webhook-timestamp"], body)
+    given = headers["webhook-signature"].split()
+    return any(hmac.compare_digest(value, expected) for value in given)
 
 
 def assert_reminder_delivery(
@@ -58,7 +74,8 @@ def assert_reminder_delivery(
     """Assert that `request` is a signed JSON POST of that reminder to `/hook`."""
     assert (request.method, request.path) == ("POST", "/hook")
     assert request.headers["content-type"] == "application/json"
-    assert hmac.compare_digest(request.headers["x-jobq-signature"], signature(secret, request.body))
+    assert signed(secret, request.headers, request.body)
+    assert request.headers["webhook-id"] == f"msg_reminder_{reminder_id}"
     payload = json.loads(request.body)
     assert payload["reminder_id"] == reminder_id
     assert payload["user_id"] == user_id
@@ -156,14 +173,14 @@ class WebhookReceiver:
     def _record(self, head: bytes, body: bytes) -> None:
         self._raw.append((head, body, datetime.now(UTC)))
         self._arrived.set()
-        signed = True
+        ok = True
         if self.secret is not None:
-            found = _SIGNATURE.search(head)
-            expected = "sha256=" + hmac.new(self.secret.encode(), body, hashlib.sha256).hexdigest()
-            signed = found is not None and hmac.compare_digest(
-                found.group(1).strip().decode("latin-1"), expected
-            )
-            if not signed:
+            headers = {
+                m.group(1).decode().lower(): m.group(2).strip().decode("latin-1")
+                for m in _HEADER.finditer(head)
+            }
+            ok = signed(self.secret, headers, body)
+            if not ok:
                 self.bad_signatures += 1
         try:
             payload = json.loads(body)
@@ -172,7 +189,7 @@ class WebhookReceiver:
         except (ValueError, KeyError, TypeError):
             self.malformed += 1
             return
-        self.deliveries[reminder_id].append(Delivery(attempt, time.time(), signed))
+        self.deliveries[reminder_id].append(Delivery(attempt, time.time(), ok))
 
 
 class _HookProtocol(asyncio.Protocol):

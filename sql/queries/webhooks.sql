@@ -1,0 +1,10 @@
+-- name: webhook_hold_take
+-- Take a hold on one of webhook address :address's delivery slots at :now, held until
+-- :held_until at the latest, within :max_running at once and :max_starts per :period
+-- (webhook_hold_take in sql/functions). Returns one row: (hold_id, retry_at), see there.
+SELECT hold_id, retry_at
+FROM webhook_hold_take(:address, :now, :held_until, :max_running, :max_starts, :period);
+
+-- name: webhook_hold_release!
+-- End hold :hold_id at :now (its start still counts within the rate window).
+UPDATE webhook_hold SET held_until = least(held_until, :now) WHERE id = :hold_id;
