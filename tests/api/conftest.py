@@ -17,6 +17,7 @@ from jobq import db
 from jobq.app import create_app
 from jobq.config import Settings
 from jobq.db import Database
+from jobq.domain import webhooks
 from jobq.domain.webhooks import webhook_client
 from jobq.jobs.reminders import webhook_timeout
 from jobq.queue import Worker, registry
@@ -55,6 +56,29 @@ async def run_jobs(
             return claimed
 
         yield run
+
+
+# -- the test resolver ---------------------------------------------------------------------------
+
+Answers = dict[str, list[str]]
+
+
+@pytest.fixture
+def dns(monkeypatch: pytest.MonkeyPatch) -> Answers:
+    """The test resolver: names in the returned dict resolve to their addresses (change them
+    between calls to rebind); any other host goes to the system resolver. It replaces
+    `jobq.domain.webhooks.resolve`, the one function that the SSRF guard and the webhook
+    client's network backend ask."""
+    answers: Answers = {}
+    system = webhooks.resolve
+
+    async def resolve(host: str, port: int) -> list[str]:
+        if host in answers:
+            return list(answers[host])
+        return await system(host, port)
+
+    monkeypatch.setattr(webhooks, "resolve", resolve)
+    return answers
 
 
 # -- a TCP proxy in front of PostgreSQL, to cut the database off --------------------------------

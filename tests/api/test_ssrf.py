@@ -1,10 +1,10 @@
 """The webhook SSRF guard: refused at registration (422 naming the reason) and again at
 delivery against the address actually connected to; redirects never followed.
 
-Names are answered by a test resolver: `jobq.domain.webhooks.resolve`, the one function the
-guard and the HTTP client's network backend both ask, is replaced for the test (its answer can
-change between registration and delivery: DNS rebinding). `localhost` is answered by the
-machine's own resolver.
+Names are answered by a test resolver (`tests.api.conftest.dns`: `jobq.domain.webhooks.resolve`,
+the one function the guard and the HTTP client's network backend both ask, is replaced for the
+test; its answer can change between registration and delivery: DNS rebinding). `localhost` is
+answered by the machine's own resolver.
 """
 
 from __future__ import annotations
@@ -19,13 +19,15 @@ import pytest
 from freezegun import freeze_time
 from quart.typing import TestClientProtocol as Client
 
+from jobq import jobs
 from jobq.config import Settings
 from jobq.db import Connection
 from jobq.domain import webhooks
 from jobq.domain.webhooks import refusal, webhook_client
+from jobq.errors import UnsafeWebhook
 from jobq.jobs.reminders import webhook_timeout
 from jobq.queue import Worker, registry
-from tests.api.conftest import RunJobs
+from tests.api.conftest import Answers, RunJobs
 from tests.api.helpers import JSON, assert_error, create_reminder, create_user
 from tests.conftest import make_settings
 from tests.toolkit.receiver import WebhookReceiver as Receiver
@@ -43,24 +45,7 @@ def settings(database_url: str, receiver: Receiver) -> Settings:
     )
 
 
-Answers = dict[str, list[str]]
 MakeWorker = Callable[..., Awaitable[Worker]]
-
-
-@pytest.fixture
-def dns(monkeypatch: pytest.MonkeyPatch) -> Answers:
-    """The test resolver: names in the returned dict resolve to their addresses (change them
-    between calls to rebind); any other host goes to the system resolver."""
-    answers: Answers = {}
-    system = webhooks.resolve
-
-    async def resolve(host: str, port: int) -> list[str]:
-        if host in answers:
-            return list(answers[host])
-        return await system(host, port)
-
-    monkeypatch.setattr(webhooks, "resolve", resolve)
-    return answers
 
 
 REFUSED = {
@@ -314,3 +299,73 @@ async def test_the_client_connects_to_the_address_it_resolved(
     [request] = receiver.requests
     assert request.headers["host"] == f"hooks.test:{receiver.port}"
     assert (await reminder_after(client, reminder))["status"] == "sent"
+
+
+async def test_turning_the_guard_on_stops_the_pending_retries_to_internal_targets(
+    client: Client,
+    conn: Connection,
+    make_worker: MakeWorker,
+    receiver: Receiver,
+    database_url: str,
+    settings: Settings,
+) -> None:
+    """A delivery to 127.0.0.1 fails while the guard is off (development) and waits for its
+    retry; the service restarts with the guard on: the retry is refused before any byte is
+    sent, since the guard checks every attempt, not the registration alone."""
+    reminder = await schedule_due(client, f"http://{PUBLIC}/hook")
+    await conn.execute("UPDATE users SET webhook_url = $1", receiver.url)
+    receiver.status = 500
+    await deliver_in_development(make_worker, database_url, T0 + timedelta(seconds=61))
+    assert len(receiver.requests) == 1  # the guard was off
+    receiver.status = 200
+    ripe_at = await conn.fetchval("SELECT ripe_at FROM job WHERE id = $1", reminder["job_id"])
+    async with webhook_client(settings, webhook_timeout(settings)) as http:
+        worker = await make_worker(registry, state={"settings": settings, "http": http})
+        with freeze_time(ripe_at, real_asyncio=True):
+            assert await worker.run_once() == 1
+            await worker.wait_idle()
+    assert len(receiver.requests) == 1
+    after = await reminder_after(client, reminder)
+    assert after["attempts"] == 2
+    assert after["last_error"] == (
+        "WebhookFailed: webhook at 127.0.0.1 refused: its host resolves to a loopback address"
+    )
+
+
+@pytest.mark.parametrize("allow_private", [True, False])
+async def test_a_warning_at_every_start_while_the_guard_is_off(
+    database_url: str, caplog: pytest.LogCaptureFixture, allow_private: bool
+) -> None:
+    """Every worker start (`jobq.jobs.job_state`: `python -m jobq worker`, `serve` with its
+    worker, `make run`'s workers) says so while the guard is off; none while it is on."""
+    started = make_settings(database_url, webhook_allow_private=allow_private)
+    for _ in range(2):
+        caplog.clear()
+        async with jobs.job_state(started):
+            pass
+        warned = [
+            r
+            for r in caplog.records
+            if r.levelname == "WARNING" and "SSRF guard is off" in r.message
+        ]
+        assert len(warned) == (1 if allow_private else 0)
+
+
+async def test_a_lookup_that_hangs_is_bounded(
+    client: Client, dns: Answers, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DNS lookup that never answers fails the registration's check within
+    `webhook_connect_timeout` (422), and a delivery's the same way."""
+    quick = make_settings(
+        database_url, webhook_allow_private=False, webhook_connect_timeout=timedelta(seconds=0.3)
+    )
+
+    async def never(host: str, port: int) -> list[str]:
+        await asyncio.Event().wait()
+        return []
+
+    monkeypatch.setattr(webhooks, "resolve", never)
+    with pytest.raises(UnsafeWebhook, match=r"its host did not resolve within 0.3 s"):
+        await asyncio.wait_for(webhooks.check_url("http://slow-dns.test/", quick), 5)
+    with pytest.raises(UnsafeWebhook, match=r"did not resolve"):
+        await asyncio.wait_for(webhooks.resolve_target("http://slow-dns.test/", quick), 5)

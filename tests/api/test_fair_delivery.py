@@ -1,0 +1,272 @@
+"""Fair delivery (`jobq.domain.shares`): a user's share, an address's share whatever its names,
+and a deadline per attempt that a slow server cannot stretch, against real slow HTTP servers
+on loopback addresses (127.0.0.2, 127.0.0.3, ...: Linux answers on all of 127.0.0.0/8) and
+workers running as the service runs them.
+
+Names are answered by the test resolver (`tests.api.conftest.dns`): four names on one address
+count as one address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from quart.typing import TestClientProtocol as Client
+
+from jobq import clock, db, jobs
+from jobq.config import Settings
+from jobq.db import Connection, Database
+from jobq.domain import shares, webhooks
+from jobq.domain.webhooks import webhook_client
+from jobq.jobs.reminders import webhook_timeout
+from jobq.queue import Worker, registry
+from tests.api.conftest import Answers
+from tests.api.helpers import act_as, create_reminder, create_user
+from tests.conftest import make_settings
+from tests.toolkit.procs import eventually
+from tests.toolkit.receiver import WebhookReceiver
+
+MakeWorker = Callable[..., Awaitable[Worker]]
+
+TOTAL_TIMEOUT_S = 8.0
+"""The deadline of an attempt in these tests: the unfair case would make the other user wait
+about this long."""
+
+
+class SlowHook:
+    """A webhook server on `address` that reads each request, then trickles its answer (the
+    status line, then one header byte every `every_s`, never ending it) or, with
+    `trickle=False`, answers nothing. It counts the requests in flight (until the client
+    drops the connection), their peak, and those that ended."""
+
+    def __init__(self, address: str, *, trickle: bool = True, every_s: float = 0.3) -> None:
+        self.address = address
+        self.trickle = trickle
+        self.every_s = every_s
+        self.in_flight = 0
+        self.peak = 0
+        self.ended = 0
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, self.address, 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for writer in self._writers:
+                writer.close()
+            await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(
+                int(line.split(b":")[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
+            await reader.readexactly(length)
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+            try:
+                if self.trickle:
+                    writer.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                while not reader.at_eof():
+                    if self.trickle:
+                        writer.write(b"a")
+                        await writer.drain()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(reader.read(1), self.every_s)
+            finally:
+                self.in_flight -= 1
+                self.ended += 1
+        writer.close()
+
+
+@contextlib.asynccontextmanager
+async def slow_hooks(*hooks: SlowHook) -> AsyncIterator[None]:
+    for hook in hooks:
+        await hook.start()
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            await hook.close()
+
+
+@contextlib.asynccontextmanager
+async def running_workers(
+    make_worker: MakeWorker, settings: Settings, count: int
+) -> AsyncIterator[list[Worker]]:
+    """`count` workers with the app's handlers and queues, each claiming on its own
+    connection, in `run(stop)` until the block ends."""
+    jobs.declare_queues(settings)
+    stop = asyncio.Event()
+    async with webhook_client(settings, webhook_timeout(settings)) as http:
+        workers = [
+            await make_worker(registry, state={"settings": settings, "http": http})
+            for _ in range(count)
+        ]
+        tasks = [asyncio.create_task(w.run(stop)) for w in workers]
+        try:
+            yield workers
+        finally:
+            stop.set()
+            for worker in workers:
+                await worker.abort()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@pytest.fixture
+def settings(database_url: str) -> Settings:
+    """Two workers of 16 slots (`make run` on 2 cores: 32), the default shares (2 deliveries at
+    once per user, 4 per address), reads that could wait longer than the attempt's deadline."""
+    return make_settings(
+        database_url,
+        webhook_timeout=timedelta(seconds=30),
+        webhook_total_timeout=timedelta(seconds=TOTAL_TIMEOUT_S),
+    )
+
+
+async def test_eight_slow_users_hold_their_shares_and_another_is_delivered_on_time(
+    client: Client,
+    dns: Answers,
+    make_worker: MakeWorker,
+    receiver: WebhookReceiver,
+    settings: Settings,
+) -> None:
+    """Eight users behind slow webhooks, each with 3 reminders due: four behind four names of
+    one address (127.0.0.2), four behind an address each (two that trickle their answer, two
+    that answer nothing). They hold what they may: 4 attempts at the shared address, 2 for
+    each of the others (12 of 32 slots), never more, and every one of them is still in flight
+    when another user's reminder, due 0.5 s later, is delivered on time. Without the shares
+    the slow attempts took every slot until their deadline (8 s)."""
+    assert settings.reminder_user_max_running == 2
+    assert settings.reminder_host_max_running == 4
+    shared = SlowHook("127.0.0.2")
+    alone = [SlowHook(f"127.0.0.{3 + i}", trickle=i % 2 == 0) for i in range(4)]
+    async with slow_hooks(shared, *alone):
+        urls = []
+        for i in range(4):
+            dns[f"slow-{i}.test"] = ["127.0.0.2"]
+            urls.append(f"http://slow-{i}.test:{shared.port}/hook")
+        urls += [f"http://{hook.address}:{hook.port}/hook" for hook in alone]
+        due = clock.now() + timedelta(seconds=1)
+        for i, url in enumerate(urls):
+            user = await create_user(client, f"Slow {i}", f"slow{i}@example.com", webhook_url=url)
+            for n in range(3):
+                await create_reminder(
+                    client, user["id"], message=f"slow {n}", remind_at=due.isoformat()
+                )
+        other = await create_user(client, "Other", "other@example.com", webhook_url=receiver.url)
+
+        async with running_workers(make_worker, settings, 2):
+
+            def held() -> bool:
+                return shared.in_flight == 4 and all(h.in_flight == 2 for h in alone)
+
+            await eventually(held, within=TOTAL_TIMEOUT_S / 2, what="the slow users' shares")
+            act_as(client, other)
+            remind_at = clock.now() + timedelta(seconds=0.5)
+            await create_reminder(
+                client, other["id"], message="on time", remind_at=remind_at.isoformat()
+            )
+            assert await receiver.wait_delivered(1, timeout_s=TOTAL_TIMEOUT_S * 2)
+            [[delivery]] = receiver.deliveries.values()
+            arrived = datetime.fromtimestamp(delivery.received_s, UTC)
+            in_flight = [shared.in_flight, *(h.in_flight for h in alone)]
+            ended = shared.ended + sum(h.ended for h in alone)
+
+    lateness_s = (arrived - remind_at).total_seconds()
+    print(f"the other user's lateness: {lateness_s * 1000:.0f} ms; slow in flight: {in_flight}")
+    assert ended == 0  # no slow attempt had to end for it: it never waited on one
+    assert in_flight == [4, 2, 2, 2, 2]
+    assert [shared.peak, *(h.peak for h in alone)] == [4, 2, 2, 2, 2]
+    assert 0 <= lateness_s < TOTAL_TIMEOUT_S / 4
+
+
+async def test_an_attempt_ends_at_its_deadline_however_the_server_trickles(
+    client: Client, make_worker: MakeWorker, database_url: str, conn: Connection
+) -> None:
+    """A server that sends a byte every 0.2 s never lets the read timeout (1 s) fire: the
+    attempt's deadline (1.5 s) ends it, and the delivery is retried later."""
+    short = make_settings(
+        database_url,
+        webhook_timeout=timedelta(seconds=1),
+        webhook_total_timeout=timedelta(seconds=1.5),
+    )
+    hook = SlowHook("127.0.0.2", every_s=0.2)
+    async with slow_hooks(hook):
+        user = await create_user(client, webhook_url=f"http://127.0.0.2:{hook.port}/hook")
+        reminder = await create_reminder(client, user["id"], message="m", remind_in_seconds=0.01)
+        await asyncio.sleep(0.05)
+        jobs.declare_queues(short)
+        async with webhook_client(short, webhook_timeout(short)) as http:
+            worker = await make_worker(registry, state={"settings": short, "http": http})
+            started = time.monotonic()
+            assert await worker.run_once() == 1
+            await worker.wait_idle()
+            elapsed_s = time.monotonic() - started
+    assert hook.ended == 1
+    assert 1.5 <= elapsed_s < 10  # the trickle alone would go on for as long as it is read
+    job = await conn.fetchrow(
+        "SELECT attempts, last_error FROM job WHERE id = $1", reminder["job_id"]
+    )
+    assert job is not None
+    assert job["attempts"] == 1
+    assert job["last_error"] == "WebhookFailed: webhook at 127.0.0.2: no answer within 1.5 s"
+
+
+async def test_an_address_share_is_exact_under_concurrent_takes(
+    database: Database, settings: Settings
+) -> None:
+    """Twenty attempts take a hold on one address at once, each on a connection of its own:
+    exactly `reminder_host_max_running` (4) get one; the others are told to wait. A hold ends
+    at its release, or at its deadline (a worker that died); starts count within the rate
+    window (`reminder_host_rate` per period)."""
+    now = clock.now()
+    taken = await asyncio.gather(*(shares.take("203.0.113.7", now, settings) for _ in range(20)))
+    holds = [t for t in taken if isinstance(t, int)]
+    assert len(holds) == 4
+    assert all(t == shares.MAX_WAIT for t in taken if not isinstance(t, int))
+    assert isinstance(await shares.take("203.0.113.8", now, settings), int)  # another address
+
+    async with db.transaction():
+        await shares.release(holds[0], now)
+    assert isinstance(await shares.take("203.0.113.7", now, settings), int)
+    assert not isinstance(await shares.take("203.0.113.7", now, settings), int)
+    # the holds of a worker that died end at their deadline
+    later = now + settings.webhook_total_timeout + shares.HOLD_MARGIN
+    assert isinstance(await shares.take("203.0.113.7", later, settings), int)
+
+    rated = make_settings(
+        database.dsn, reminder_host_rate=3, reminder_host_rate_period=timedelta(seconds=10)
+    )
+    for _ in range(3):
+        hold = await shares.take("198.51.100.1", now, rated)
+        assert isinstance(hold, int)
+        async with db.transaction():
+            await shares.release(hold, now)
+    assert await shares.take("198.51.100.1", now + timedelta(seconds=9.9), rated) == timedelta(
+        seconds=0.1
+    )
+    assert isinstance(await shares.take("198.51.100.1", now + timedelta(seconds=10), rated), int)
+
+
+def test_an_ipv6_host_shares_by_its_slash_64() -> None:
+    one = webhooks.Target("a.test", 443, "2001:db8:1:2::10")
+    two = webhooks.Target("b.test", 443, "2001:db8:1:2:ffff::1")
+    assert one.share_key == two.share_key == "2001:db8:1:2::/64"
+    assert webhooks.Target("c.test", 80, "203.0.113.5").share_key == "203.0.113.5"
