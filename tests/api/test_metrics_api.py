@@ -63,6 +63,7 @@ class TestWithAnAdminToken:
             "jobq_vacuum_horizon_age_seconds",
             "jobq_table_dead_tuples",
         } <= names
+        assert settings.webhook_secret is not None
         secrets = (ADMIN_TOKEN, settings.webhook_secret.get_secret_value())
         assert not any(secret in text for secret in secrets)
 

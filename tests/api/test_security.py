@@ -377,7 +377,7 @@ async def test_the_webhook_secret_is_never_logged(
         )
     assert reminder["status"] == "sent"
     assert failed["attempts"] == 1
-    assert receiver.requests[0].headers["x-jobq-signature"].startswith("sha256=")
+    assert receiver.requests[0].headers["webhook-signature"].startswith("v1,")
     assert "HTTP Request: POST" in caplog.text  # httpx's own debug log was captured
     assert WEBHOOK_SECRET not in caplog.text
     assert WEBHOOK_SECRET not in failed["last_error"]

@@ -100,6 +100,7 @@ async def test_the_handler_span_is_a_child_of_the_enqueuing_request(
     assert call.context is not None
     assert call.parent.span_id == handler.context.span_id
     assert call.context.trace_id == request.context.trace_id
+    assert settings.webhook_secret is not None
     secrets = (user["api_key"], settings.webhook_secret.get_secret_value())
     for span in finished:
         values = " ".join(map(str, (span.attributes or {}).values()))

@@ -501,17 +501,15 @@ async def test_reminders_and_exports_go_to_their_queues_with_their_keys(
     assert (await client.post(f"/users/{user_id}/exports")).status_code == 202
     rows = await conn.fetch("SELECT job_type, queue, concurrency_key FROM job ORDER BY id")
     assert [(r["queue"], r["concurrency_key"]) for r in rows] == [
-        ("reminders", "host:hooks.example.com"),
+        ("reminders", f"user:{user_id}"),
         ("exports", f"user:{user_id}"),
     ]
 
     declared = Registry()
     declare_queues(settings, declared)
     reminders, exports = declared.queues()["reminders"], declared.queues()["exports"]
-    assert reminders.max_running_per_key == settings.reminder_host_max_running
-    assert reminders.rate_per_key == Rate(
-        settings.reminder_host_rate, settings.reminder_host_rate_period
-    )
+    assert reminders.max_running_per_key == settings.reminder_user_max_running
+    assert reminders.rate_per_key is None  # the per-address limits are the delivery's own
     assert (exports.max_running_per_key, exports.max_running) == (1, None)
 
 

@@ -53,14 +53,16 @@ def subprocess_env(database_url: str, overrides: Mapping[str, str] = {}) -> dict
     """This process's environment without any jobq setting (`JOBQ_*`, `DATABASE_URL`,
     `TEST_DATABASE_URL`), then `PYTHONPATH` (the project root), unbuffered output,
     `DATABASE_URL` and `JOBQ_WEBHOOK_SECRET` (`WEBHOOK_SECRET`: no test process makes a secret
-    file in the project), then `overrides`."""
+    file in the project, unless `overrides` name `JOBQ_WEBHOOK_SECRET_FILE`), then
+    `overrides`."""
     env = {
         name: value
         for name, value in os.environ.items()
         if not name.startswith("JOBQ_") and name not in {"DATABASE_URL", "TEST_DATABASE_URL"}
     }
     env.update(PYTHONPATH=str(PROJECT_ROOT), PYTHONUNBUFFERED="1", DATABASE_URL=database_url)
-    env.update(JOBQ_WEBHOOK_SECRET=WEBHOOK_SECRET)
+    if "JOBQ_WEBHOOK_SECRET_FILE" not in overrides:  # else the test wants the kept secret
+        env.update(JOBQ_WEBHOOK_SECRET=WEBHOOK_SECRET)
     env.update(overrides)
     return env
 
