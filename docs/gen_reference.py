@@ -47,7 +47,7 @@ UNDOCUMENTED = {
     "process its requests) before it cancels and releases them.",
     "backoff_base": "Retry delay after the first failed attempt; it doubles with each attempt.",
     "backoff_max": "The longest retry delay.",
-    "webhook_secret": "HMAC-SHA256 key of the `X-Jobq-Signature` header of webhook bodies.",
+    "webhook_secret": "The Standard Webhooks secret that signs webhook deliveries (`whsec_...`).",
     "log_level": "`DEBUG`, `INFO`, `WARNING` or `ERROR`.",
     "crash_loop_restarts": "`run`: restarts of one child within `crash_loop_window` that make "
     "a crash loop.",

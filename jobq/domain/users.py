@@ -17,7 +17,7 @@ class NewUser(BaseModel):
     name: Text = Field(min_length=1, max_length=200, pattern=NOT_BLANK)
     email: EmailStr = Field(max_length=254)
     webhook_url: WebhookUrl | None = None
-    """Where reminders are POSTed (JSON, signed with `X-Jobq-Signature`)."""
+    """Where reminders are POSTed (JSON, signed by Standard Webhooks: `jobq.domain.signing`)."""
 
 
 class User(BaseModel):
