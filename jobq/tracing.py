@@ -12,8 +12,9 @@ environment variables); until one is set, `active()` is False and nothing is wri
 - A worker reads the trace contexts of the jobs it claims in one batch per claim (`recall`) and
   runs each attempt in a span (`job_span`, kind CONSUMER) that is a child of the enqueuing
   span, with the job's id, queue, type and attempt as attributes.
-- The webhook calls are traced by `opentelemetry-instrumentation-httpx` (`instrument_client`):
-  client spans, children of the handler's span, and a `traceparent` header to the receiver.
+- The webhook calls are traced by `opentelemetry-instrumentation-aiohttp-client`
+  (`client_trace_configs`): client spans, children of the handler's span, and a `traceparent`
+  header to the receiver.
 """
 
 from __future__ import annotations
@@ -131,14 +132,16 @@ def instrument_app(app: Any) -> None:
     app.asgi_app = asgi_app
 
 
-def instrument_client(client: Any) -> None:
-    """Trace the calls of the `httpx.AsyncClient` `client` (client spans, and a `traceparent`
-    header to the server) if spans are recorded now (`active()`: call it once the tracer
-    provider is set, as `opentelemetry-instrument` does before the app starts); nothing
-    otherwise: an instrumented client pays for its wrapping on every call even when nothing
-    is recorded."""
+def client_trace_configs() -> list[Any] | None:
+    """The `trace_configs` of the webhook client (`jobq.domain.webhooks.webhook_client`):
+    `opentelemetry-instrumentation-aiohttp-client`'s (a client span per call, and a
+    `traceparent` header to the server; its URL attribute is the origin alone, without the
+    path, query or credentials) if spans are recorded now (`active()`: call it once the
+    tracer provider is set, as `opentelemetry-instrument` does before the app starts); None
+    otherwise: an instrumented client pays for its hooks on every call even when nothing is
+    recorded."""
     if not active():
-        return
-    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+        return None
+    from opentelemetry.instrumentation.aiohttp_client import create_trace_config
 
-    HTTPXClientInstrumentor.instrument_client(client)
+    return [create_trace_config(url_filter=lambda url: str(url.origin()))]

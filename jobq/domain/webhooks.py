@@ -15,7 +15,7 @@ class and never names the address (an anonymous caller learns nothing of interna
 The check runs when a URL is registered (`check_url`: 422) and at every delivery attempt,
 before any byte is sent (`resolve_target`: the delivery resolves the name once, checks every
 address, and pins the connection to the checked one with `pinned`); the client's network
-backend (`webhook_client`) checks again whatever it connects to, so a name that resolves to a
+resolver (`webhook_client`) checks again whatever it connects to, so a name that resolves to a
 private address at delivery (DNS rebinding, or a URL stored while the guard was off) is refused
 there. TLS still verifies the name. Every lookup is bounded by `webhook_connect_timeout`.
 Redirects are never followed (see `jobq.jobs.reminders`).
@@ -28,12 +28,13 @@ import contextlib
 import ipaddress
 import logging
 import socket
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-import httpcore
-import httpx
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+from yarl import URL
 
 from jobq.config import Settings
 from jobq.errors import UnsafeWebhook
@@ -162,7 +163,10 @@ def _a(category: str) -> str:
 
 async def resolve(host: str, port: int) -> list[str]:
     """Return the IP addresses (text) `host` resolves to for TCP, as the system resolver
-    answers (an IP literal resolves to itself). Raises: `OSError` (`socket.gaierror`)."""
+    answers; an IP literal in its usual spelling resolves to itself without a lookup (the
+    resolver's thread). Raises: `OSError` (`socket.gaierror`)."""
+    with contextlib.suppress(ValueError):
+        return [str(ipaddress.ip_address(host))]
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
@@ -194,17 +198,16 @@ async def check_url(url: str, settings: Settings) -> None:
     with `webhook_allow_private`. Raises: `UnsafeWebhook` (422)."""
     if settings.webhook_allow_private:
         return
-    parsed = httpx.URL(url)
-    if parsed.scheme not in ("http", "https"):
+    parsed = URL(url)
+    if parsed.scheme not in ("http", "https") or not parsed.raw_host:
         raise UnsafeWebhook("webhook_url must be http or https")
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    await checked_addresses(parsed.host, port, settings)
+    await checked_addresses(parsed.raw_host, parsed.port or 80, settings)
 
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """Where one delivery attempt connects: the URL's `host` (as the HTTP client sends it:
-    IDNA-encoded, no brackets), `port`, and the checked `address` it resolved to."""
+    """Where one delivery attempt connects: the URL's `host` (as the HTTP client resolves it:
+    IDNA-encoded, lower-case, no brackets), `port`, and the checked `address` it resolved to."""
 
     host: str
     port: int
@@ -224,9 +227,9 @@ async def resolve_target(url: str, settings: Settings) -> Target:
     """Resolve the host of webhook `url` for one delivery attempt and check every address it
     resolves to (`checked_addresses`, even with `webhook_allow_private`, which allows every
     one); return the first. Raises: `UnsafeWebhook`."""
-    parsed = httpx.URL(url)
-    host = parsed.raw_host.decode("ascii").strip("[]").lower()
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    parsed = URL(url)
+    host = (parsed.raw_host or "").strip("[]").lower()
+    port = parsed.port or 80
     addresses = await checked_addresses(host, port, settings)
     return Target(host, port, addresses[0])
 
@@ -237,7 +240,8 @@ _PINNED: ContextVar[Target | None] = ContextVar("jobq_webhook_target", default=N
 @contextlib.contextmanager
 def pinned(target: Target) -> Iterator[None]:
     """Within the block, a new connection of `webhook_client` to `target`'s host and port goes
-    to `target.address` (checked again) instead of resolving the name once more."""
+    to `target.address` (checked again) instead of resolving the name once more (aiohttp
+    resolves in the request's task, which sees this context)."""
     token = _PINNED.set(target)
     try:
         yield
@@ -245,79 +249,81 @@ def pinned(target: Target) -> Iterator[None]:
         _PINNED.reset(token)
 
 
-class _GuardedBackend(httpcore.AsyncNetworkBackend):
-    """httpcore's network backend, connecting only to checked addresses."""
+class _GuardedResolver(AbstractResolver):
+    """aiohttp's resolver for webhook connections: the pinned target's checked address
+    (`pinned`), or every address of the name, checked (`checked_addresses`). aiohttp connects
+    to what it returns, and verifies TLS against the name."""
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
-        self._inner = httpcore.AnyIOBackend()
 
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
-        local_address: str | None = None,
-        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
         target = _PINNED.get()
-        try:
-            if target is not None and (target.host, target.port) == (host.strip("[]"), port):
-                reason = refusal(target.address, port, self._settings)
-                if reason is not None:
-                    raise UnsafeWebhook(reason)
-                address = target.address
-            else:
-                async with asyncio.timeout(timeout):
-                    [address, *_] = await checked_addresses(host, port, self._settings)
-        except UnsafeWebhook as exc:
-            raise httpcore.ConnectError(f"refused: {exc.message}") from exc
-        except TimeoutError as exc:
-            raise httpcore.ConnectTimeout(f"resolving {host} timed out") from exc
-        return await self._inner.connect_tcp(address, port, timeout, local_address, socket_options)
+        if target is not None and (target.host, target.port) == (host.strip("[]").lower(), port):
+            reason = refusal(target.address, port, self._settings)
+            if reason is not None:
+                raise UnsafeWebhook(reason)
+            addresses = [target.address]
+        else:
+            addresses = await checked_addresses(host, port, self._settings)
+        return [
+            ResolveResult(
+                hostname=host,
+                host=address,
+                port=port,
+                family=socket.AF_INET6 if ":" in address else socket.AF_INET,
+                proto=0,
+                flags=0,
+            )
+            for address in addresses
+        ]
 
-    async def connect_unix_socket(
-        self,
-        path: str,
-        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
-        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        raise httpcore.ConnectError("webhooks do not use Unix sockets")
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
+    async def close(self) -> None:
+        return None
 
 
-WEBHOOK_LIMITS = httpx.Limits(
-    max_connections=None, max_keepalive_connections=20, keepalive_expiry=5
-)
-"""The webhook client's connection pool: no cap on connections, since a worker's slots already
-bound its deliveries, and a lower cap held deliveries to healthy hosts behind those waiting on
-slow ones until the pool's timeout failed them (httpcore's own default, 10, is below a worker's
-16 slots); idle connections kept as httpx keeps them by default (20, for 5 s)."""
+KEEPALIVE_S = 15.0
+"""How long an idle webhook connection is kept for the next delivery to its host (aiohttp's
+default): one per host and slot at most, since a worker's slots bound its deliveries."""
 
 
-class _GuardedTransport(httpx.AsyncHTTPTransport):
-    def __init__(self, settings: Settings) -> None:
-        super().__init__()
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=httpx.create_ssl_context(),
-            max_connections=WEBHOOK_LIMITS.max_connections,
-            max_keepalive_connections=WEBHOOK_LIMITS.max_keepalive_connections,
-            keepalive_expiry=WEBHOOK_LIMITS.keepalive_expiry,
-            network_backend=_GuardedBackend(settings),
-        )
+def webhook_timeout(settings: Settings) -> aiohttp.ClientTimeout:
+    """The limits of one webhook call: `webhook_connect_timeout` to connect,
+    `webhook_timeout` for each read (the longest wait for the next bytes). The whole attempt
+    is bounded by `webhook_total_timeout` (`jobq.jobs.reminders.deliver`)."""
+    return aiohttp.ClientTimeout(
+        total=None,
+        sock_connect=settings.webhook_connect_timeout.total_seconds(),
+        sock_read=settings.webhook_timeout.total_seconds(),
+    )
 
 
-def webhook_client(settings: Settings, timeout: httpx.Timeout) -> httpx.AsyncClient:
-    """An `httpx.AsyncClient` for webhook calls: the guarded transport (see the module), with
-    `WEBHOOK_LIMITS`, no redirects, no proxies from the environment (a proxy would connect on
-    the guard's behalf), `timeout`. Close it (`async with`) when done."""
-    return httpx.AsyncClient(
-        transport=_GuardedTransport(settings),
-        timeout=timeout,
-        follow_redirects=False,
+def webhook_client(
+    settings: Settings, trace_configs: list[aiohttp.TraceConfig] | None = None
+) -> aiohttp.ClientSession:
+    """An `aiohttp.ClientSession` for webhook calls (call it on the running loop; close it,
+    `async with`, when done): the guarded resolver (see the module), no cap on connections (a
+    worker's slots and the delivery shares bound them), idle ones kept `KEEPALIVE_S`; no
+    redirects are followed by the caller's requests (`allow_redirects=False`), no proxy from
+    the environment (a proxy would connect on the guard's behalf), no cookies kept (one
+    user's webhook could otherwise set them for another's), answers read raw (never
+    decompressed); `webhook_timeout(settings)`; `trace_configs` (`jobq.tracing`)."""
+    connector = aiohttp.TCPConnector(
+        limit=0,
+        keepalive_timeout=KEEPALIVE_S,
+        resolver=_GuardedResolver(settings),
+        use_dns_cache=False,
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=webhook_timeout(settings),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        auto_decompress=False,
         trust_env=False,
+        headers={"User-Agent": "jobq"},
+        trace_configs=trace_configs,
     )
 
 

@@ -39,12 +39,12 @@ def import_job_modules(settings: Settings) -> None:
 async def job_state(settings: Settings) -> AsyncIterator[dict[str, Any]]:
     """Import the job modules, then yield the `JobContext.state` of a worker: `settings` (with
     the webhook secret: `jobq.domain.signing.with_secret`) and `http` (the guarded webhook
-    client: `jobq.domain.webhooks.webhook_client`), closed on exit. Logs a WARNING while the
-    SSRF guard is off. Raises: `ValueError`, `OSError` (a kept secret that cannot be read)."""
+    client, `jobq.domain.webhooks.webhook_client`, traced with the `otel` extra), closed on
+    exit. Logs a WARNING while the SSRF guard is off. Raises: `ValueError`, `OSError` (a kept
+    secret that cannot be read)."""
     import_job_modules(settings)
     declare_queues(settings)
     settings = signing.with_secret(settings)
     warn_if_unguarded(settings)
-    async with webhook_client(settings, reminders.webhook_timeout(settings)) as http:
-        tracing.instrument_client(http)  # the webhook calls are traced, with the `otel` extra
+    async with webhook_client(settings, tracing.client_trace_configs()) as http:
         yield {"settings": settings, "http": http}

@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from datetime import UTC, datetime
 
-import httpx
+import aiohttp
 from pydantic import AwareDatetime, BaseModel, TypeAdapter
+from yarl import URL
 
 from jobq import clock
 from jobq.config import Settings
@@ -41,15 +43,6 @@ class WebhookFailed(JobqError):
     code = "webhook_failed"
 
 
-def webhook_timeout(settings: Settings) -> httpx.Timeout:
-    """The limits of one webhook call: `webhook_connect_timeout` to connect (and to get a
-    pooled connection), `webhook_timeout` for each read and write. The whole attempt is
-    bounded by `webhook_total_timeout` (`send_reminder`)."""
-    connect = settings.webhook_connect_timeout.total_seconds()
-    read = settings.webhook_timeout.total_seconds()
-    return httpx.Timeout(connect=connect, read=read, write=read, pool=connect)
-
-
 def delivery_id(reminder_id: int, occurrence_at: datetime | None) -> str:
     """The `webhook-id` of a reminder's delivery (of one occurrence of a recurring one): the
     same on every attempt, so a receiver can drop a delivery it has seen."""
@@ -59,16 +52,17 @@ def delivery_id(reminder_id: int, occurrence_at: datetime | None) -> str:
 
 
 async def post_webhook(
-    http: httpx.AsyncClient, url: str, body: bytes, *, settings: Settings, msg_id: str
+    http: aiohttp.ClientSession, url: str, body: bytes, *, settings: Settings, msg_id: str
 ) -> tuple[int, bool]:
     """POST `body` (JSON) to `url` with the Standard Webhooks headers of delivery `msg_id`
-    (`jobq.domain.signing`, under `settings.webhook_secret`), within `webhook_timeout`, never
-    following a redirect. Return the answer's status and whether its body was read in full.
+    (`jobq.domain.signing`, under `settings.webhook_secret`), within the client's timeouts
+    (`jobq.domain.webhooks.webhook_timeout`), never following a redirect. Return the answer's
+    status and whether its body was read in full.
 
     The answer's body is read raw (never decompressed) up to `webhook_max_response_bytes`,
     then the connection is dropped: a webhook cannot make the worker read, or hold, more.
-    Raises: `httpx.HTTPError` on network errors and timeouts; `RuntimeError` when no secret is
-    set (`jobq.domain.signing.with_secret` sets one).
+    Raises: `aiohttp.ClientError` on network errors, `TimeoutError` on timeouts;
+    `RuntimeError` when no secret is set (`jobq.domain.signing.with_secret` sets one).
     """
     if settings.webhook_secret is None:
         raise RuntimeError("no webhook secret: see jobq.domain.signing.with_secret")
@@ -78,23 +72,18 @@ async def post_webhook(
         **signing.signature_headers(secret, msg_id, body, clock.now()),
     }
     limit = settings.webhook_max_response_bytes
-    request = http.build_request(
-        "POST", url, content=body, headers=headers, timeout=webhook_timeout(settings)
-    )
-    response = await http.send(request, stream=True, follow_redirects=False)
-    try:
+    async with http.post(url, data=body, headers=headers, allow_redirects=False) as response:
         size = 0
-        async for chunk in response.aiter_raw():
+        async for chunk in response.content.iter_any():
             size += len(chunk)
             if size > limit:
-                return response.status_code, False
-        return response.status_code, True
-    finally:
-        await response.aclose()
+                response.close()  # the rest is never read: the connection goes
+                return response.status, False
+        return response.status, True
 
 
 async def deliver(
-    http: httpx.AsyncClient, url: str, body: bytes, *, settings: Settings, msg_id: str
+    http: aiohttp.ClientSession, url: str, body: bytes, *, settings: Settings, msg_id: str
 ) -> int:
     """One delivery attempt of `body` to `url` within `webhook_total_timeout`: resolve and check
     the host (`jobq.domain.webhooks.resolve_target`), take a hold on its address's share
@@ -103,11 +92,11 @@ async def deliver(
     it.
     Raises: `Snooze` when the address is at its limits; `WebhookFailed` saying what failed
     (never the URL's path, query or credentials, nor an address)."""
-    host = httpx.URL(url).host
+    host = URL(url).host
     total = settings.webhook_total_timeout.total_seconds()
     hold: int | None = None
     try:
-        async with asyncio.timeout(total):
+        async with asyncio.timeout(total) as deadline:
             target = await webhooks.resolve_target(url, settings)
             taken = await shares.take(target.share_key, clock.now(), settings)
             if not isinstance(taken, int):
@@ -117,10 +106,10 @@ async def deliver(
                 status, read_all = await post_webhook(
                     http, url, body, settings=settings, msg_id=msg_id
                 )
-    except (TimeoutError, UnsafeWebhook, httpx.HTTPError) as exc:
+    except (TimeoutError, UnsafeWebhook, aiohttp.ClientError) as exc:
         if hold is not None:
             await release(hold)
-        if isinstance(exc, TimeoutError):
+        if isinstance(exc, TimeoutError) and deadline.expired():
             raise WebhookFailed(f"webhook at {host}: no answer within {total:g} s") from exc
         if isinstance(exc, UnsafeWebhook):
             raise WebhookFailed(f"webhook at {host} refused: {exc.message}") from exc
@@ -150,19 +139,28 @@ def utc_z(moment: datetime) -> str:
     return text
 
 
-def describe_failure(url: str, exc: httpx.HTTPError) -> str:
+def describe_failure(url: str, exc: BaseException) -> str:
     """What failed, for the log and `last_error`: the error's type, the webhook's host, and the
-    cause (`ReadError from hooks.example.com: connection reset by peer`). Never the URL's path,
-    query or credentials."""
+    cause (`ClientOSError from hooks.example.com: Connection reset by peer`; a timeout says
+    `timed out`, an error with an errno says its name). Never the URL's path, query or
+    credentials, nor the address connected to."""
+    parsed = URL(url)
     chain: list[BaseException] = []
     cause: BaseException | None = exc
     while cause is not None and cause not in chain:
         chain.append(cause)
         cause = cause.__cause__ or cause.__context__
-    detail = next((str(e) for e in chain if str(e)), type(chain[-1]).__name__)
-    if isinstance(exc, httpx.TimeoutException):
+    errno = next((e.errno for e in chain if isinstance(e, OSError) and e.errno), None)
+    if isinstance(exc, TimeoutError):
         detail = "timed out"  # the type says which timeout; the causes say nothing more
-    return f"{type(exc).__name__} from {httpx.URL(url).host}: {detail}"
+    elif errno is not None:
+        detail = os.strerror(errno)  # the OSError's own text may name the address
+    else:
+        detail = next((str(e) for e in chain if str(e)), type(chain[-1]).__name__)
+    for part in (url, parsed.raw_path_qs, parsed.path_qs, parsed.raw_user, parsed.raw_password):
+        if part and len(part) > 1:
+            detail = detail.replace(part, "...")
+    return f"{type(exc).__name__} from {parsed.host}: {detail}"
 
 
 @handler(reminders.SEND_REMINDER, args=SendReminderArgs, queue=reminders.QUEUE, timeout=60)
@@ -179,7 +177,7 @@ async def send_reminder(args: SendReminderArgs, job: JobContext) -> None:
     address the SSRF guard refuses (`jobq.domain.webhooks`, checked at every attempt), saying
     what failed: the attempt fails and is retried with backoff."""
     settings: Settings = job.state["settings"]
-    http: httpx.AsyncClient = job.state["http"]
+    http: aiohttp.ClientSession = job.state["http"]
     occurrence = args.occurrence_at
     async with transaction(readonly=True):
         delivery = await reminders.pending_delivery(

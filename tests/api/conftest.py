@@ -19,7 +19,6 @@ from jobq.config import Settings
 from jobq.db import Database
 from jobq.domain import webhooks
 from jobq.domain.webhooks import webhook_client
-from jobq.jobs.reminders import webhook_timeout
 from jobq.queue import Worker, registry
 from tests.toolkit.served import served
 
@@ -42,7 +41,7 @@ async def run_jobs(
     """`await run_jobs(at=None)`: one worker with the app's handlers and state claims the jobs
     ripe at `at` (the clock frozen there; default: now), runs them to their recorded outcome,
     and returns how many it claimed."""
-    async with webhook_client(settings, webhook_timeout(settings)) as http:
+    async with webhook_client(settings) as http:
         worker = await make_worker(registry, state={"settings": settings, "http": http})
 
         async def run(at: datetime | None = None) -> int:

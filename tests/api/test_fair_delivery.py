@@ -23,7 +23,6 @@ from jobq.config import Settings
 from jobq.db import Connection, Database
 from jobq.domain import shares, webhooks
 from jobq.domain.webhooks import webhook_client
-from jobq.jobs.reminders import webhook_timeout
 from jobq.queue import Worker, registry
 from tests.api.conftest import Answers
 from tests.api.helpers import act_as, create_reminder, create_user
@@ -112,7 +111,7 @@ async def running_workers(
     connection, in `run(stop)` until the block ends."""
     jobs.declare_queues(settings)
     stop = asyncio.Event()
-    async with webhook_client(settings, webhook_timeout(settings)) as http:
+    async with webhook_client(settings) as http:
         workers = [
             await make_worker(registry, state={"settings": settings, "http": http})
             for _ in range(count)
@@ -163,7 +162,7 @@ async def test_eight_slow_users_hold_their_shares_and_another_is_delivered_on_ti
             dns[f"slow-{i}.test"] = ["127.0.0.2"]
             urls.append(f"http://slow-{i}.test:{shared.port}/hook")
         urls += [f"http://{hook.address}:{hook.port}/hook" for hook in alone]
-        due = clock.now() + timedelta(seconds=1)
+        due = clock.now() + timedelta(seconds=5)  # after they are all created, on a slow machine
         for i, url in enumerate(urls):
             user = await create_user(client, f"Slow {i}", f"slow{i}@example.com", webhook_url=url)
             for n in range(3):
@@ -177,7 +176,7 @@ async def test_eight_slow_users_hold_their_shares_and_another_is_delivered_on_ti
             def held() -> bool:
                 return shared.in_flight == 4 and all(h.in_flight == 2 for h in alone)
 
-            await eventually(held, within=TOTAL_TIMEOUT_S / 2, what="the slow users' shares")
+            await eventually(held, within=15, what="the slow users' shares")
             act_as(client, other)
             remind_at = clock.now() + timedelta(seconds=0.5)
             await create_reminder(
@@ -213,7 +212,7 @@ async def test_an_attempt_ends_at_its_deadline_however_the_server_trickles(
         reminder = await create_reminder(client, user["id"], message="m", remind_in_seconds=0.01)
         await asyncio.sleep(0.05)
         jobs.declare_queues(short)
-        async with webhook_client(short, webhook_timeout(short)) as http:
+        async with webhook_client(short) as http:
             worker = await make_worker(registry, state={"settings": short, "http": http})
             started = time.monotonic()
             assert await worker.run_once() == 1

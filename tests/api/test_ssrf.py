@@ -25,7 +25,6 @@ from jobq.db import Connection
 from jobq.domain import webhooks
 from jobq.domain.webhooks import refusal, webhook_client
 from jobq.errors import UnsafeWebhook
-from jobq.jobs.reminders import webhook_timeout
 from jobq.queue import Worker, registry
 from tests.api.conftest import Answers, RunJobs
 from tests.api.helpers import JSON, assert_error, create_reminder, create_user
@@ -255,7 +254,7 @@ async def deliver_in_development(make_worker: MakeWorker, database_url: str, at:
     """Run the due jobs once with the guard off (`webhook_allow_private`, the development
     setting) but the same guarded client: its resolver, no redirects."""
     dev = make_settings(database_url)
-    async with webhook_client(dev, webhook_timeout(dev)) as http:
+    async with webhook_client(dev) as http:
         worker = await make_worker(registry, state={"settings": dev, "http": http})
         with freeze_time(at, real_asyncio=True):
             assert await worker.run_once() == 1
@@ -319,7 +318,7 @@ async def test_turning_the_guard_on_stops_the_pending_retries_to_internal_target
     assert len(receiver.requests) == 1  # the guard was off
     receiver.status = 200
     ripe_at = await conn.fetchval("SELECT ripe_at FROM job WHERE id = $1", reminder["job_id"])
-    async with webhook_client(settings, webhook_timeout(settings)) as http:
+    async with webhook_client(settings) as http:
         worker = await make_worker(registry, state={"settings": settings, "http": http})
         with freeze_time(ripe_at, real_asyncio=True):
             assert await worker.run_once() == 1

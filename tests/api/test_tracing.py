@@ -105,6 +105,9 @@ async def test_the_handler_span_is_a_child_of_the_enqueuing_request(
     for span in finished:
         values = " ".join(map(str, (span.attributes or {}).values()))
         assert not any(secret in values for secret in secrets), span.name
+    call_values = [str(v) for v in (call.attributes or {}).values()]
+    assert f"http://127.0.0.1:{receiver.port}" in call_values  # the URL's origin alone
+    assert not any("/hook" in value for value in call_values)
 
     traceparent = receiver.requests[0].headers["traceparent"]
     assert traceparent.split("-")[1:3] == [

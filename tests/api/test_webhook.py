@@ -13,7 +13,7 @@ import re
 import socket
 from datetime import UTC, datetime, timedelta, timezone
 
-import httpx
+import aiohttp
 import pytest
 from freezegun import freeze_time
 from quart.typing import TestClientProtocol as Client
@@ -22,7 +22,7 @@ from standardwebhooks import Webhook, WebhookVerificationError
 from jobq.config import Settings
 from jobq.db import Connection
 from jobq.domain.webhooks import webhook_client
-from jobq.jobs.reminders import describe_failure, utc_z, webhook_timeout
+from jobq.jobs.reminders import describe_failure, utc_z
 from jobq.queue import Job, enqueue
 from jobq.queue.model import DEFAULT_MAX_RETRIES
 from tests.api.conftest import RunJobs
@@ -260,21 +260,27 @@ async def test_delete_failed_reminder_removes_its_dead_job(
 
 
 def test_a_failed_call_says_what_failed_without_the_url_path() -> None:
-    """`ReadError` alone says nothing: the log and `last_error` name the host and the cause,
-    never the path, query or credentials of the URL."""
+    """`ClientOSError` alone says little: the log and `last_error` name the host and the cause,
+    never the path, query or credentials of the URL, nor the address connected to."""
     url = "https://user:pw@hooks.example.com/secret-path?token=abc"
+    reset = aiohttp.ClientOSError(104, "Connection reset by peer")
+    described = describe_failure(url, reset)
+    assert described == "ClientOSError from hooks.example.com: Connection reset by peer"
+    refused = ConnectionRefusedError(111, "Connect call failed ('10.1.2.3', 443)")
     try:
         try:
-            raise ConnectionResetError(104, "Connection reset by peer")
-        except ConnectionResetError as cause:
-            raise httpx.ReadError("") from cause
-    except httpx.ReadError as exc:
+            raise refused
+        except OSError as cause:
+            raise aiohttp.ClientOSError(*cause.args) from cause
+    except aiohttp.ClientOSError as exc:
         described = describe_failure(url, exc)
-    assert described == "ReadError from hooks.example.com: [Errno 104] Connection reset by peer"
-    for secret in ("pw", "secret-path", "token=abc"):
+    assert described == "ClientOSError from hooks.example.com: Connection refused"
+    timeout = aiohttp.SocketTimeoutError("Timeout on reading data from socket")
+    assert describe_failure(url, timeout) == "SocketTimeoutError from hooks.example.com: timed out"
+    invalid = describe_failure(url, aiohttp.InvalidURL(url))
+    for secret in ("pw", "secret-path", "token=abc", "10.1.2.3"):
         assert secret not in described
-    timeout = httpx.ReadTimeout("")
-    assert describe_failure(url, timeout) == "ReadTimeout from hooks.example.com: timed out"
+        assert secret not in invalid
 
 
 def test_webhook_times_are_utc_with_z() -> None:
@@ -287,9 +293,8 @@ async def test_the_webhook_client_sends_as_many_calls_at_once_as_a_worker_has_sl
 ) -> None:
     """A worker's slots (16 by default) all deliver at once: a server on 127.0.0.1 answers no
     call until all of them are in (or half the read timeout has passed), and sees them all in
-    flight together.
-    The client's pool held back all but 10 (httpcore's default) until calls ended or its
-    timeout failed them: deliveries to healthy hosts waited behind slow ones."""
+    flight together. A pool that capped its connections (aiohttp's default: 100, per host: none;
+    httpcore's: 10) would hold deliveries to healthy hosts behind those waiting on slow ones."""
     calls = settings.max_concurrent_jobs
     hold_s = settings.webhook_timeout.total_seconds() / 2
     in_flight, peak = 0, 0
@@ -316,10 +321,15 @@ async def test_the_webhook_client_sends_as_many_calls_at_once_as_a_worker_has_sl
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/hook"
     try:
-        async with webhook_client(settings, webhook_timeout(settings)) as http:
-            answers = await asyncio.gather(*(http.post(url, content=b"{}") for _ in range(calls)))
+        async with webhook_client(settings) as http:
+
+            async def post() -> int:
+                async with http.post(url, data=b"{}") as answer:
+                    return answer.status
+
+            answers = await asyncio.gather(*(post() for _ in range(calls)))
     finally:
         server.close()
         await server.wait_closed()
-    assert [a.status_code for a in answers] == [204] * calls
+    assert answers == [204] * calls
     assert peak == calls
