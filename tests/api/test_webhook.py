@@ -25,7 +25,7 @@ from jobq.domain.webhooks import webhook_client
 from jobq.jobs.reminders import describe_failure, utc_z
 from jobq.queue import Job, enqueue
 from jobq.queue.model import DEFAULT_MAX_RETRIES
-from tests.api.conftest import RunJobs
+from tests.api.conftest import Answers, RunJobs
 from tests.api.helpers import JSON, create_reminder, create_user
 from tests.toolkit.receiver import WebhookReceiver, assert_reminder_delivery
 
@@ -333,3 +333,40 @@ async def test_the_webhook_client_sends_as_many_calls_at_once_as_a_worker_has_sl
         await server.wait_closed()
     assert answers == [204] * calls
     assert peak == calls
+
+
+async def test_a_webhook_cannot_set_cookies_for_the_next_delivery(
+    client: Client, run_jobs: RunJobs, dns: Answers
+) -> None:
+    """A webhook that answers with `Set-Cookie` gets no `Cookie` back, nor does another user's
+    webhook on the same host: the client keeps no cookies."""
+    cookies: list[str | None] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+                await reader.readexactly(int(length.group(1)) if length else 0)
+                cookie = re.search(rb"(?i)\r\ncookie: *([^\r]*)", head)
+                cookies.append(cookie.group(1).decode() if cookie else None)
+                writer.write(
+                    b"HTTP/1.1 204 No Content\r\nSet-Cookie: session=ann-secret; Path=/\r\n\r\n"
+                )
+                await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    dns["hooks.example.com"] = ["127.0.0.1"]  # a name: a cookie jar keeps no cookie of an IP
+    url = f"http://hooks.example.com:{server.sockets[0].getsockname()[1]}/hook"
+    try:
+        with freeze_time(T0, real_asyncio=True):
+            for who in ("ann", "bob"):
+                user = await create_user(client, who, f"{who}@example.com", webhook_url=url)
+                for _ in range(2):
+                    await create_reminder(client, user["id"], message="m", remind_in_seconds=60)
+        assert await run_jobs(at=DUE) == 4
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert cookies == [None] * 4
