@@ -215,10 +215,13 @@ class Target:
 
     @property
     def share_key(self) -> str:
-        """What the per-address delivery limits count by: the IPv4 address, or the /64 of an
-        IPv6 one (one host's usual allocation: its addresses count as one)."""
+        """What the per-address delivery limits count by: the IPv4 address (an IPv4-mapped
+        IPv6 address counts as its IPv4 one), or the /64 of an IPv6 one (one host's usual
+        allocation: its addresses count as one)."""
         ip = ipaddress.ip_address(self.address.partition("%")[0])
         if isinstance(ip, ipaddress.IPv6Address):
+            if ip.ipv4_mapped is not None:
+                return str(ip.ipv4_mapped)
             return str(ipaddress.IPv6Network((int(ip) >> 64 << 64, 64)))
         return str(ip)
 

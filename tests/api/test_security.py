@@ -477,7 +477,9 @@ async def test_a_webhook_that_cannot_be_reached_fails_the_attempt_at_the_connect
             webhook_timeout=timedelta(seconds=30),
         )
     assert reminder["status"] == "scheduled"
-    assert reminder["last_error"] == "WebhookFailed: ConnectionTimeoutError from 127.0.0.1: timed out"
+    assert reminder["last_error"] == (
+        "WebhookFailed: ConnectionTimeoutError from 127.0.0.1: timed out"
+    )
     assert 0.5 <= took < 5
 
 
