@@ -29,78 +29,13 @@ from tests.api.helpers import act_as, create_reminder, create_user
 from tests.conftest import make_settings
 from tests.toolkit.procs import eventually
 from tests.toolkit.receiver import WebhookReceiver
+from tests.toolkit.slow_hook import SlowHook, slow_hooks
 
 MakeWorker = Callable[..., Awaitable[Worker]]
 
 TOTAL_TIMEOUT_S = 8.0
 """The deadline of an attempt in these tests: the unfair case would make the other user wait
 about this long."""
-
-
-class SlowHook:
-    """A webhook server on `address` that reads each request, then trickles its answer (the
-    status line, then one header byte every `every_s`, never ending it) or, with
-    `trickle=False`, answers nothing. It counts the requests in flight (until the client
-    drops the connection), their peak, and those that ended."""
-
-    def __init__(self, address: str, *, trickle: bool = True, every_s: float = 0.3) -> None:
-        self.address = address
-        self.trickle = trickle
-        self.every_s = every_s
-        self.in_flight = 0
-        self.peak = 0
-        self.ended = 0
-        self.port = 0
-        self._server: asyncio.Server | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self.address, 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            for writer in self._writers:
-                writer.close()
-            await self._server.wait_closed()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._writers.add(writer)
-        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next(
-                int(line.split(b":")[1])
-                for line in head.split(b"\r\n")
-                if line.lower().startswith(b"content-length:")
-            )
-            await reader.readexactly(length)
-            self.in_flight += 1
-            self.peak = max(self.peak, self.in_flight)
-            try:
-                if self.trickle:
-                    writer.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
-                while not reader.at_eof():
-                    if self.trickle:
-                        writer.write(b"a")
-                        await writer.drain()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(reader.read(1), self.every_s)
-            finally:
-                self.in_flight -= 1
-                self.ended += 1
-        writer.close()
-
-
-@contextlib.asynccontextmanager
-async def slow_hooks(*hooks: SlowHook) -> AsyncIterator[None]:
-    for hook in hooks:
-        await hook.start()
-    try:
-        yield
-    finally:
-        for hook in hooks:
-            await hook.close()
 
 
 @contextlib.asynccontextmanager
