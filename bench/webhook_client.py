@@ -106,7 +106,7 @@ class _GuardedBackend(httpcore.AsyncNetworkBackend):
         target = webhooks._PINNED.get()
         try:
             if target is not None and (target.host, target.port) == (host.strip("[]"), port):
-                if webhooks.refusal(target.address, port, self._config) is not None:
+                if any(webhooks.refusal(a, port, self._config) for a in target.addresses):
                     raise UnsafeWebhook("refused")
                 address = target.address
             else:

@@ -207,11 +207,17 @@ async def check_url(url: str, settings: Settings) -> None:
 @dataclass(frozen=True, slots=True)
 class Target:
     """Where one delivery attempt connects: the URL's `host` (as the HTTP client resolves it:
-    IDNA-encoded, lower-case, no brackets), `port`, and the checked `address` it resolved to."""
+    IDNA-encoded, lower-case, no brackets), `port`, and the checked `addresses` it resolved to
+    (the client tries them in turn); `address`, the first, is the one its shares count."""
 
     host: str
     port: int
-    address: str
+    addresses: tuple[str, ...]
+
+    @property
+    def address(self) -> str:
+        """The first address, which the delivery's shares count (`share_key`)."""
+        return self.addresses[0]
 
     @property
     def share_key(self) -> str:
@@ -229,12 +235,12 @@ class Target:
 async def resolve_target(url: str, settings: Settings) -> Target:
     """Resolve the host of webhook `url` for one delivery attempt and check every address it
     resolves to (`checked_addresses`, even with `webhook_allow_private`, which allows every
-    one); return the first. Raises: `UnsafeWebhook`."""
+    one); return them. Raises: `UnsafeWebhook`."""
     parsed = URL(url)
     host = (parsed.raw_host or "").strip("[]").lower()
     port = parsed.port or 80
     addresses = await checked_addresses(host, port, settings)
-    return Target(host, port, addresses[0])
+    return Target(host, port, tuple(addresses))
 
 
 _PINNED: ContextVar[Target | None] = ContextVar("jobq_webhook_target", default=None)
@@ -243,7 +249,7 @@ _PINNED: ContextVar[Target | None] = ContextVar("jobq_webhook_target", default=N
 @contextlib.contextmanager
 def pinned(target: Target) -> Iterator[None]:
     """Within the block, a new connection of `webhook_client` to `target`'s host and port goes
-    to `target.address` (checked again) instead of resolving the name once more (aiohttp
+    to `target.addresses` (checked again) instead of resolving the name once more (aiohttp
     resolves in the request's task, which sees this context)."""
     token = _PINNED.set(target)
     try:
@@ -265,10 +271,11 @@ class _GuardedResolver(AbstractResolver):
     ) -> list[ResolveResult]:
         target = _PINNED.get()
         if target is not None and (target.host, target.port) == (host.strip("[]").lower(), port):
-            reason = refusal(target.address, port, self._settings)
-            if reason is not None:
-                raise UnsafeWebhook(reason)
-            addresses = [target.address]
+            for address in target.addresses:
+                reason = refusal(address, port, self._settings)
+                if reason is not None:
+                    raise UnsafeWebhook(reason)
+            addresses = list(target.addresses)
         else:
             addresses = await checked_addresses(host, port, self._settings)
         return [

@@ -200,8 +200,8 @@ async def test_an_address_share_is_exact_under_concurrent_takes(
 
 
 def test_an_ipv6_host_shares_by_its_slash_64() -> None:
-    one = webhooks.Target("a.test", 443, "2001:db8:1:2::10")
-    two = webhooks.Target("b.test", 443, "2001:db8:1:2:ffff::1")
+    one = webhooks.Target("a.test", 443, ("2001:db8:1:2::10",))
+    two = webhooks.Target("b.test", 443, ("2001:db8:1:2:ffff::1", "203.0.113.9"))
     assert one.share_key == two.share_key == "2001:db8:1:2::/64"
-    assert webhooks.Target("c.test", 80, "203.0.113.5").share_key == "203.0.113.5"
-    assert webhooks.Target("d.test", 80, "::ffff:203.0.113.5").share_key == "203.0.113.5"
+    assert webhooks.Target("c.test", 80, ("203.0.113.5",)).share_key == "203.0.113.5"
+    assert webhooks.Target("d.test", 80, ("::ffff:203.0.113.5",)).share_key == "203.0.113.5"

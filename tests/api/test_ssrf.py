@@ -368,3 +368,21 @@ async def test_a_lookup_that_hangs_is_bounded(
         await asyncio.wait_for(webhooks.check_url("http://slow-dns.test/", quick), 5)
     with pytest.raises(UnsafeWebhook, match=r"did not resolve"):
         await asyncio.wait_for(webhooks.resolve_target("http://slow-dns.test/", quick), 5)
+
+
+async def test_the_client_tries_each_checked_address_in_turn(
+    client: Client,
+    conn: Connection,
+    dns: Answers,
+    make_worker: MakeWorker,
+    receiver: Receiver,
+    database_url: str,
+) -> None:
+    """A name with two addresses, the first refusing connections: the delivery reaches the
+    second, one of the addresses the attempt resolved and checked."""
+    dns["two.test"] = ["127.0.0.2", "127.0.0.1"]  # the receiver listens on 127.0.0.1 alone
+    reminder = await schedule_due(client, f"http://{PUBLIC}/hook")
+    await conn.execute("UPDATE users SET webhook_url = $1", f"http://two.test:{receiver.port}/")
+    await deliver_in_development(make_worker, database_url, T0 + timedelta(seconds=61))
+    assert len(receiver.requests) == 1
+    assert (await reminder_after(client, reminder))["status"] == "sent"
