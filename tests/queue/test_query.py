@@ -35,7 +35,8 @@ def test_every_statement_is_fully_numbered(name: str) -> None:
     assert used == set(range(1, len(query.params) + 1)), (name, used, query.params)
 
 
-DOMAIN_TABLES = {"users", "reminders", "exports", "api_keys"}
+DOMAIN_TABLES = {"users", "reminders", "exports", "api_keys", "webhook_hold", "webhook_hold_take"}
+"""The application's tables, and the function of its delivery shares (jobq.domain.shares)."""
 APPLICATION = sorted(
     path
     for package in ("api", "dashboard", "domain", "jobs")
