@@ -21,6 +21,7 @@ keeps no slot past it.
 
 from __future__ import annotations
 
+import random
 from datetime import datetime, timedelta
 
 from jobq import db, statements
@@ -30,7 +31,7 @@ HOLD_MARGIN = timedelta(seconds=5)
 """How long past the attempt's deadline a hold of a worker that died still counts."""
 MAX_WAIT = timedelta(seconds=0.5)
 """The longest an attempt that found its address full waits before it looks again (a hold may
-end before its deadline, at its attempt's end)."""
+end before its deadline, at its attempt's end), before its jitter (`take`)."""
 
 
 def delivery_key(user_id: int) -> str:
@@ -40,8 +41,9 @@ def delivery_key(user_id: int) -> str:
 
 async def take(address: str, now: datetime, settings: Settings) -> int | timedelta:
     """Take a hold on one of `address`'s delivery slots (`Target.share_key`) at `now`, in a
-    statement of its own (its own transaction): return its id, or how long to wait before
-    trying again (at most `MAX_WAIT`) when the address is at its limits."""
+    statement of its own (its own transaction): return its id, or, when the address is at its
+    limits, how long to wait before trying again: until a slot may be free, at most `MAX_WAIT`,
+    times a random 1 to 1.5 (so that the attempts waiting on one address spread out)."""
     async with db.current_database().pool.acquire() as conn:
         row = await statements.webhook_hold_take.fetchrow(
             conn,
@@ -57,7 +59,7 @@ async def take(address: str, now: datetime, settings: Settings) -> int | timedel
         hold_id: int = row["hold_id"]
         return hold_id
     wait: timedelta = min(max(row["retry_at"] - now, timedelta(0)), MAX_WAIT)
-    return wait
+    return wait * random.uniform(1.0, 1.5)
 
 
 async def release(hold_id: int, now: datetime) -> None:

@@ -174,7 +174,8 @@ async def test_an_address_share_is_exact_under_concurrent_takes(
     taken = await asyncio.gather(*(shares.take("203.0.113.7", now, settings) for _ in range(20)))
     holds = [t for t in taken if isinstance(t, int)]
     assert len(holds) == 4
-    assert all(t == shares.MAX_WAIT for t in taken if not isinstance(t, int))
+    waits = [t for t in taken if not isinstance(t, int)]
+    assert all(shares.MAX_WAIT <= t <= shares.MAX_WAIT * 1.5 for t in waits), waits
     assert isinstance(await shares.take("203.0.113.8", now, settings), int)  # another address
 
     async with db.transaction():
@@ -193,9 +194,9 @@ async def test_an_address_share_is_exact_under_concurrent_takes(
         assert isinstance(hold, int)
         async with db.transaction():
             await shares.release(hold, now)
-    assert await shares.take("198.51.100.1", now + timedelta(seconds=9.9), rated) == timedelta(
-        seconds=0.1
-    )
+    wait = await shares.take("198.51.100.1", now + timedelta(seconds=9.9), rated)
+    assert isinstance(wait, timedelta)
+    assert timedelta(seconds=0.1) <= wait <= timedelta(seconds=0.15)  # the window opens at 10 s
     assert isinstance(await shares.take("198.51.100.1", now + timedelta(seconds=10), rated), int)
 
 
