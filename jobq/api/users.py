@@ -110,10 +110,10 @@ async def revoke_key(user_id: int, key_id: int) -> tuple[str, int]:
 @user_only
 @validate_request(NewReminder)
 @validate_response(Reminder, 201)
-@write_transaction
 async def create_reminder(user_id: int, data: NewReminder) -> tuple[Reminder, int]:
-    """Schedule a reminder; its delivery job commits with it. 409 `limit_reached` when the
-    user has `JOBQ_MAX_REMINDERS_PER_USER` unsent reminders."""
+    """Schedule a reminder; its delivery job commits with it (the domain opens the transaction,
+    after its hold on the user's cap). 409 `limit_reached` when the user has
+    `JOBQ_MAX_REMINDERS_PER_USER` unsent reminders."""
     limit = _settings().max_reminders_per_user
     return await reminders.schedule_reminder(user_id, data, max_unsent=limit), 201
 
