@@ -102,6 +102,8 @@ async def revoke_key(user_id: int, key_id: int) -> tuple[str, int]:
     """Revoke one of the user's API keys (the one in use included): 204. 404 when the user
     holds no such unrevoked key."""
     await keys.revoke_key(user_id, key_id)
+    key_cache: keys.KeyCache = current_app.extensions["jobq.key_cache"]
+    key_cache.forget_after_commit(key_id)
     audit("key.revoke", f"key:{key_id}")
     return "", 204
 
