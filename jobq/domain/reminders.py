@@ -305,7 +305,7 @@ async def _create(
     if recurrence is not None:
         return await get_reminder(reminder_id, user_id)
     # As `get_reminder` would read it back inside this transaction: nothing else has seen it.
-    return Reminder.model_construct(
+    return Reminder(
         id=reminder_id,
         user_id=user_id,
         message=data.message,
