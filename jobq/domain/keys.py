@@ -102,11 +102,14 @@ class KeyCache:
 
     def forget_after_commit(self, key_id: int) -> None:
         """Forget key `key_id` once the transaction in progress commits (a revocation)."""
+        def forget() -> None:
+            self._found.pop(key_id, None)
+
         tx = db.current_transaction()
         if tx is None:
-            self._found.pop(key_id, None)
+            forget()
         else:
-            tx.after_commit.append(lambda: self._found.pop(key_id, None))
+            tx.after_commit.append(forget)
 
 
 async def authenticate(key: str, cache: KeyCache | None = None) -> tuple[int, int] | None:
