@@ -102,6 +102,7 @@ class KeyCache:
 
     def forget_after_commit(self, key_id: int) -> None:
         """Forget key `key_id` once the transaction in progress commits (a revocation)."""
+
         def forget() -> None:
             self._found.pop(key_id, None)
 
