@@ -4,8 +4,9 @@ same run.
 
 One line per user count (`USER_COUNTS`: 1, then 100), each measured thus on a fresh database:
 
-1. The bare endpoint (`python -m bench.bare`: one INSERT per POST, one hypercorn process) under
-   the same load for `BARE_DURATION_S` (after a `WARM_UP_S` warm-up): `bare_req_per_s`.
+1. The bare endpoint (`python -m bench.bare`: one INSERT per POST, one hypercorn process on
+   uvloop, with the access log) under the same load for `BARE_DURATION_S`, before and after
+   the reminders' load (the machine's other load drifts): `bare_req_per_s`, their mean.
 2. `python -m jobq run`, what `make run` runs (the supervisor, one web and one worker process
    per CPU), with its default settings (`JOBQ_LOG_LEVEL=INFO`: an access log line per
    request) but `RUN_ENV`: the per-key rate limit and the per-user cap lifted, the per-host
@@ -98,14 +99,31 @@ def reminder_request(users: list[BenchUser], i: int) -> Request:
 
 
 async def http_reminders(ctx: Context) -> list[Figures]:
-    """One line per user count, each with the bare endpoint's rate measured just before it."""
+    """One line per user count. The bare endpoint is measured before and after each user
+    count's load; each line's `bare_req_per_s` is the mean of the two measures around it (the
+    machine's other load drifts)."""
+    port = free_port()
+    bare_server = ctx.spawn(
+        "",
+        "bare",
+        module="bench.bare",
+        JOBQ_HTTP_HOST="127.0.0.1",
+        JOBQ_HTTP_PORT=str(port),
+        JOBQ_LOG_LEVEL=RUN_ENV["JOBQ_LOG_LEVEL"],
+    )
     lines = []
-    for users in USER_COUNTS:
-        bare = await _bare(ctx, users)
-        line = await _reminders(ctx, users)
-        line["bare_req_per_s"] = round(bare, 1)
-        line["ratio_to_bare"] = round(line["created_per_s"] / bare, 3)
-        lines.append(line)
+    try:
+        await http_ready(port, bare_server)
+        await _load(port, bare_server, _bare_request, WARM_UP_S)
+        bare = [await _bare(port, bare_server)]
+        for users in USER_COUNTS:
+            line = await _reminders(ctx, users)
+            bare.append(await _bare(port, bare_server))
+            line["bare_req_per_s"] = round((bare[-2] + bare[-1]) / 2, 1)
+            line["ratio_to_bare"] = round(line["created_per_s"] / line["bare_req_per_s"], 3)
+            lines.append(line)
+    finally:
+        await bare_server.stop()
     return lines
 
 
@@ -196,28 +214,14 @@ async def _load(
     return result
 
 
-async def _bare(ctx: Context, users_count: int) -> float:
-    """The bare endpoint's 201 answers per second under the same load, served as `run` serves
-    the app (one process; the same log level)."""
-    port = free_port()
-    server = ctx.spawn(
-        "",
-        f"bare-{users_count}-users",
-        module="bench.bare",
-        JOBQ_HTTP_HOST="127.0.0.1",
-        JOBQ_HTTP_PORT=str(port),
-        JOBQ_LOG_LEVEL=RUN_ENV["JOBQ_LOG_LEVEL"],
-    )
+def _bare_request(i: int) -> Request:
+    return Request.json("POST", "/bare", {"message": f"bench {i}"})
 
-    def bare(i: int) -> Request:
-        return Request.json("POST", "/bare", {"message": f"bench {i}"})
 
-    try:
-        await http_ready(port, server)
-        await _load(port, server, bare, WARM_UP_S)
-        result = await _load(port, server, bare, BARE_DURATION_S)
-    finally:
-        await server.stop()
+async def _bare(port: int, server: Proc) -> float:
+    """The bare endpoint's 201 answers per second under the same load for `BARE_DURATION_S`,
+    served as `run` serves the app (one process, on uvloop, with its access log)."""
+    result = await _load(port, server, _bare_request, BARE_DURATION_S)
     if result.statuses[201] != result.answered or result.errors:
         raise RuntimeError(f"the bare endpoint failed: {result.summary()}")
     return result.statuses[201] / result.elapsed_s
