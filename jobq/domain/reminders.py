@@ -224,7 +224,8 @@ async def schedule_reminder(user_id: int, data: NewReminder, *, max_unsent: int)
     other requests wait for this one's commit: first a hold on one more unsent reminder is
     taken, alone, in a short transaction (`reminder_hold_take` says why that is exact); then the
     reminder's transaction turns the hold into the reminder, or the hold is released when it
-    fails. Raises: `NotFound` when the user does not exist; `LimitReached` at the cap."""
+    fails (when an outer transaction rolls back afterwards, the hold counts until `HOLD_GRACE`).
+    Raises: `NotFound` when the user does not exist; `LimitReached` at the cap."""
     now = clock.now()
     remind_at = data.due_at(now)
     database = db.current_database()
