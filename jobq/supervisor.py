@@ -200,11 +200,17 @@ def bind(settings: Settings, count: int = 1) -> list[socket.socket]:
     Where the kernel spreads the connections over sockets bound with `SO_REUSEPORT` (Linux),
     one per web process: processes accepting on one shared socket take the connections as they
     wake, and the first awake can take a burst of keep-alive connections whole, leaving the
-    others idle. Elsewhere one socket, shared. Raises: `OSError` when the address is taken or
-    not ours."""
+    others idle. Elsewhere one socket, shared. The address is first bound alone (without
+    `SO_REUSEPORT`), so that an address in use, by another `run` too, is refused as before.
+    Raises: `OSError` when the address is taken or not ours."""
     family = socket.AF_INET6 if ":" in settings.http_host else socket.AF_INET
-    spread = sys.platform == "linux" and hasattr(socket, "SO_REUSEPORT")
+    spread = count > 1 and sys.platform == "linux" and hasattr(socket, "SO_REUSEPORT")
     port = settings.http_port
+    if spread:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((settings.http_host, port))
+            port = probe.getsockname()[1]
     sockets: list[socket.socket] = []
     try:
         for _ in range(count if spread else 1):

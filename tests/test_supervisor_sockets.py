@@ -47,3 +47,15 @@ def test_one_socket_for_one_process() -> None:
         assert sockets[0].get_inheritable()
     finally:
         sockets[0].close()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="SO_REUSEPORT spreads connections on Linux")
+def test_an_address_in_use_is_refused_even_by_a_second_run() -> None:
+    first = bind(Settings(_env_file=None, http_host="127.0.0.1", http_port=0), 2)
+    try:
+        port = first[0].getsockname()[1]
+        with pytest.raises(OSError, match="in use"):
+            bind(Settings(_env_file=None, http_host="127.0.0.1", http_port=port), 2)
+    finally:
+        for sock in first:
+            sock.close()
