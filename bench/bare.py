@@ -3,14 +3,14 @@
 `POST /bare` with a JSON body `{"message": ...}` runs one INSERT in one transaction (jobq's
 `write_transaction`, on a pool opened like the app's) and answers 201 `{"id": ...}`; `GET
 /health` answers 200 without touching the database. `python -m bench.bare` serves it the way
-`python -m jobq serve` serves the app: hypercorn in this one process, on `JOBQ_HTTP_HOST` and
-`JOBQ_HTTP_PORT`, with the same settings (`DATABASE_URL`, pool sizes, log level). The table
-(`bench_bare`) is the benchmark's (`bench.handlers.TABLES_SQL`).
+`python -m jobq serve` serves the app: hypercorn on uvloop in this one process, on
+`JOBQ_HTTP_HOST` and `JOBQ_HTTP_PORT`, with the same settings (`DATABASE_URL`, pool sizes, log
+level: the access log at INFO). The table (`bench_bare`) is the benchmark's
+(`bench.handlers.TABLES_SQL`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 from typing import Any
@@ -18,7 +18,7 @@ from typing import Any
 from quart import Quart, request
 
 from jobq import clock, db
-from jobq.__main__ import serve_app
+from jobq.__main__ import run, serve_app
 from jobq.config import Settings
 from jobq.db import Database, write_transaction
 
@@ -71,7 +71,7 @@ def main() -> int:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    asyncio.run(serve(settings))
+    run(serve(settings))
     return 0
 
 

@@ -35,7 +35,7 @@ BENCH_DIR = PROJECT_ROOT / ".bench"
 JOB_TABLES = (
     "job, job_running, job_dead, job_done, job_attempt, job_unique, job_rate, worker, bench_event"
 )
-DOMAIN_TABLES = "users, reminders, exports, bench_bare"
+DOMAIN_TABLES = "users, reminders, reminder_quotas, reminder_holds, exports, bench_bare"
 
 
 @dataclass

@@ -1,38 +1,52 @@
-"""The HTTP workload, `http_reminders`: reminders created over HTTP while the workers deliver
-them, against a bare endpoint measured in the same run.
+"""The HTTP workload, `http_reminders`: what a user of `make run` meets when creating reminders
+over HTTP while the workers deliver them, against the bare endpoint served the same way in the
+same run.
 
-What is measured, exactly, once per server (`"server"` in the line): `python -m jobq serve`
-(hypercorn, one process, its worker running in it: `JOBQ_RUN_WORKERS=true`), then `python -m
-jobq run` (what `make run` runs: the supervisor, with its web and worker processes, one of each
-per CPU), each with default settings but `JOBQ_LOG_LEVEL=WARNING`, so no access log line per
-request, `JOBQ_WEBHOOK_ALLOW_PRIVATE=true` for the local receiver and no per-key rate limit, on
-a free port and a fresh database; `USERS` users whose webhook is a `WebhookReceiver` in this
-process (keep-alive, signature checked). Then `bench.loadgen.closed_loop`: `CONNECTIONS` (32)
-keep-alive connections for `DURATION_S` (10) seconds, each `POST /users/<id>/reminders` (users in
-turn, each with its API key) due 0.5 to 2 s later, so the worker delivers them while the load
-goes on. `req_per_s`: 201 answers per second; `p50_ms`/`p99_ms`: latency of every answer;
-`errors`: non-201 answers plus transport errors and timeouts. Then the load stops and
-`delivered` counts the reminders the receiver got within `DELIVERY_WAIT_S`, `drain_s` how long
-after the load the last one arrived. Then `python -m bench.bare` (same settings, same
-hypercorn set-up, one process) under the same load for `BARE_DURATION_S` (5 s):
-`bare_req_per_s` on both lines; `ratio_to_bare` is each line's req_per_s over it.
+One line per user count (`USER_COUNTS`: 1, then 100), each measured thus on a fresh database:
+
+1. The bare endpoint (`python -m bench.bare`: one INSERT per POST, one hypercorn process on
+   uvloop, with the access log) under the same load for `BARE_DURATION_S`, before and after
+   the reminders' load (the machine's other load drifts): `bare_req_per_s`, their mean.
+2. `python -m jobq run`, what `make run` runs (the supervisor, one web and one worker process
+   per CPU), with its default settings (`JOBQ_LOG_LEVEL=INFO`: an access log line per
+   request) but `RUN_ENV`: the per-key rate limit and the per-user cap lifted, the per-host
+   delivery limits lifted (every webhook is the one receiver), webhooks to 127.0.0.1 allowed.
+   `users` users are made over HTTP, each with a webhook at a `WebhookReceiver` in this process
+   (keep-alive, signature checked).
+3. `bench.loadgen.closed_loop`: `CONNECTIONS` (32) keep-alive connections, each sending
+   `POST /users/<id>/reminders` (the users in turn, each with its API key), due 0.5 to 2 s
+   later, so that the workers deliver them while the load goes on: a `WARM_UP_S` warm-up, then
+   `DURATION_S` measured.
+
+Figures: `created_per_s` (201 answers per second of the measured load), `p50_ms`/`p99_ms`
+(latency of its answers), `errors` (other answers, transport errors, timeouts);
+`ratio_to_bare` = `created_per_s` / `bare_req_per_s`. `delivered_per_s_during_load`: first
+deliveries of any reminder that arrived during the measured load, per second. Lateness (arrival
+at the receiver minus the `remind_at` in the body, in seconds) of the reminders created in the
+measured load, those that arrived during it (`lateness_p50_s`, `lateness_p99_s`,
+`lateness_max_s`) and those that arrived after it (`after_lateness_p50_s`, ...; NaN when none);
+`drain_s`: from the end of the load to the last arrival. `lost`: reminders created and not
+delivered within `DELIVERY_WAIT_S`; `duplicates`: reminders delivered more than once;
+`bad_signatures`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
+from collections.abc import Callable
 
 from bench import loadgen
 from bench.context import Context, Figures
-from bench.loadgen import Request, closed_loop
-from tests.toolkit.procs import check_running, free_port, http_ready
+from bench.loadgen import Request, closed_loop, percentile
+from tests.toolkit.procs import Proc, check_running, free_port, http_ready
 from tests.toolkit.receiver import WebhookReceiver
 
-USERS = 100
+USER_COUNTS = (1, 100)
 CONNECTIONS = 32
+WARM_UP_S = 1.0
 DURATION_S = 10.0
-SERVERS = ("serve", "run")
 BARE_DURATION_S = 5.0
 DELIVERY_WAIT_S = 60.0
 WEBHOOK_SECRET = "whsec_YmVuY2gtd2ViaG9vay1zZWNyZXQtb2YtMzItYnl0ZXM="  # noqa: S105 (a benchmark's value)
@@ -41,8 +55,7 @@ WEBHOOK_SECRET = "whsec_YmVuY2gtd2ViaG9vay1zZWNyZXQtb2YtMzItYnl0ZXM="  # noqa: S
 BenchUser = tuple[int, str]
 """A user's id and API key."""
 
-SERVE_ENV = {
-    "JOBQ_RUN_WORKERS": "true",
+LIFTED_LIMITS = {
     "JOBQ_WEBHOOK_SECRET": WEBHOOK_SECRET,
     "JOBQ_WEBHOOK_ALLOW_PRIVATE": "true",  # the receiver listens on 127.0.0.1
     "JOBQ_RATE_LIMIT_PER_S": "0",  # measured without the per-key rate limit
@@ -53,7 +66,16 @@ SERVE_ENV = {
     "JOBQ_REMINDER_HOST_RATE": "1000000",
     "JOBQ_REMINDER_USER_MAX_RUNNING": "1000",
 }
-"""The settings of the measured server, besides its address."""
+
+SERVE_ENV = {"JOBQ_RUN_WORKERS": "true", **LIFTED_LIMITS}
+"""The settings of a `python -m jobq serve` under load (`tests.chaos.test_load`)."""
+
+RUN_ENV = {
+    **LIFTED_LIMITS,
+    "JOBQ_LOG_LEVEL": "INFO",  # `make run`'s: an access log line per request
+    "JOBQ_MAX_REMINDERS_PER_USER": "100000000",  # one user makes every reminder
+}
+"""The settings of the measured `python -m jobq run` (and of the bare endpoint's log)."""
 
 
 async def create_users(port: int, count: int, webhook_url: str | None) -> list[BenchUser]:
@@ -79,82 +101,129 @@ def reminder_request(users: list[BenchUser], i: int) -> Request:
 
 
 async def http_reminders(ctx: Context) -> list[Figures]:
-    """One line per server (`serve`, then `run`), each with the bare endpoint's rate of this
-    run."""
-    lines = [await _reminders(ctx, command) for command in SERVERS]
-    bare = await _bare(ctx)
-    for line in lines:
-        line["bare_req_per_s"] = round(bare, 1)
-        line["ratio_to_bare"] = round(line["req_per_s"] / bare, 3)
-    return lines
-
-
-async def _reminders(ctx: Context, command: str) -> Figures:
-    """Reminder creations against `python -m jobq <command>` on a fresh database."""
-    await ctx.database.reset()
-    receiver = WebhookReceiver(secret=WEBHOOK_SECRET)
-    await receiver.start()
+    """One line per user count. The bare endpoint is measured before and after each user
+    count's load; each line's `bare_req_per_s` is the mean of the two measures around it (the
+    machine's other load drifts)."""
     port = free_port()
-    server = ctx.spawn(
-        command,
-        command,
-        JOBQ_HTTP_HOST="127.0.0.1",
-        JOBQ_HTTP_PORT=str(port),
-        **SERVE_ENV,
-    )
-    try:
-        await http_ready(port, server)
-        users = await create_users(port, USERS, receiver.url)
-        result = await closed_loop(
-            "127.0.0.1",
-            port,
-            lambda i: reminder_request(users, i),
-            connections=CONNECTIONS,
-            duration_s=DURATION_S,
-        )
-        load_end = time.time()
-        await receiver.wait_delivered(result.statuses[201], timeout_s=DELIVERY_WAIT_S)
-        last_s = max((d[-1].received_s for d in receiver.deliveries.values()), default=load_end)
-        check_running((server,))
-    finally:
-        await server.stop()
-        await receiver.close()
-    created = result.statuses[201]
-    return {
-        "server": command,
-        "req_per_s": round(created / result.elapsed_s, 1),
-        "p50_ms": round(result.percentile_ms(50), 2),
-        "p99_ms": round(result.percentile_ms(99), 2),
-        "errors": result.answered - created + sum(result.errors.values()),
-        "delivered": receiver.delivered,
-        "undelivered": created - receiver.delivered,
-        "bad_signatures": receiver.bad_signatures,
-        "drain_s": round(max(0.0, last_s - load_end), 2),
-    }
-
-
-async def _bare(ctx: Context) -> float:
-    """The bare endpoint's 201 answers per second under the same load."""
-    port = free_port()
-    server = ctx.spawn(
+    bare_server = ctx.spawn(
         "",
         "bare",
         module="bench.bare",
         JOBQ_HTTP_HOST="127.0.0.1",
         JOBQ_HTTP_PORT=str(port),
+        JOBQ_LOG_LEVEL=RUN_ENV["JOBQ_LOG_LEVEL"],
     )
+    lines = []
+    try:
+        await http_ready(port, bare_server)
+        await _load(port, bare_server, _bare_request, WARM_UP_S)
+        bare = [await _bare(port, bare_server)]
+        for users in USER_COUNTS:
+            line = await _reminders(ctx, users)
+            bare.append(await _bare(port, bare_server))
+            line["bare_req_per_s"] = round((bare[-2] + bare[-1]) / 2, 1)
+            line["ratio_to_bare"] = round(line["created_per_s"] / line["bare_req_per_s"], 3)
+            lines.append(line)
+    finally:
+        await bare_server.stop()
+    return lines
+
+
+async def _reminders(ctx: Context, users_count: int) -> Figures:
+    """Reminder creations for `users_count` users against `python -m jobq run`."""
+    await ctx.database.reset()
+    receiver = WebhookReceiver(secret=WEBHOOK_SECRET)
+    await receiver.start()
+    port = free_port()
+    server = ctx.spawn(
+        "run",
+        f"run-{users_count}-users",
+        JOBQ_HTTP_HOST="127.0.0.1",
+        JOBQ_HTTP_PORT=str(port),
+        **RUN_ENV,
+    )
+    warm: list[int] = []
+    created: list[int] = []
+
+    def collect(into: list[int]) -> loadgen.OnResponse:
+        def on_response(request: Request, status: int, body: bytes) -> None:
+            if status == 201:
+                into.append(json.loads(body)["id"])
+
+        return on_response
+
     try:
         await http_ready(port, server)
-        result = await closed_loop(
-            "127.0.0.1",
-            port,
-            lambda i: Request.json("POST", "/bare", {"message": f"bench {i}"}),
-            connections=CONNECTIONS,
-            duration_s=BARE_DURATION_S,
+        users = await create_users(port, users_count, receiver.url)
+        await _load(port, server, lambda i: reminder_request(users, i), WARM_UP_S, collect(warm))
+        load_start = time.time()
+        result = await _load(
+            port, server, lambda i: reminder_request(users, i), DURATION_S, collect(created)
         )
-        check_running((server,))
+        load_end = time.time()
+        await receiver.wait_delivered(len(warm) + len(created), timeout_s=DELIVERY_WAIT_S)
     finally:
         await server.stop()
+        await receiver.close()
+    first = {rid: got[0] for rid, got in receiver.deliveries.items()}
+    arrived = [first[rid] for rid in created if rid in first]
+    return {
+        "server": "run",
+        "users": users_count,
+        "created_per_s": round(len(created) / result.elapsed_s, 1),
+        "p50_ms": round(result.percentile_ms(50), 2),
+        "p99_ms": round(result.percentile_ms(99), 2),
+        "errors": result.answered - len(created) + sum(result.errors.values()),
+        "delivered_per_s_during_load": round(
+            sum(1 for d in first.values() if load_start <= d.received_s <= load_end)
+            / (load_end - load_start),
+            1,
+        ),
+        **_spread("lateness", [d.lateness_s for d in arrived if d.received_s <= load_end]),
+        **_spread("after_lateness", [d.lateness_s for d in arrived if d.received_s > load_end]),
+        "drain_s": round(max([0.0, *(d.received_s - load_end for d in first.values())]), 2),
+        "lost": len(created) - len(arrived),
+        "duplicates": sum(1 for got in receiver.deliveries.values() if len(got) > 1),
+        "bad_signatures": receiver.bad_signatures,
+    }
+
+
+def _spread(name: str, lateness_s: list[float]) -> dict[str, float]:
+    """`<name>_p50_s`, `_p99_s`, `_max_s` of `lateness_s` (NaN when empty), in seconds."""
+    return {
+        f"{name}_{label}_s": round(percentile(lateness_s, q), 3) if lateness_s else math.nan
+        for label, q in (("p50", 50), ("p99", 99), ("max", 100))
+    }
+
+
+async def _load(
+    port: int,
+    server: Proc,
+    make: Callable[[int], Request],
+    duration_s: float,
+    on_response: loadgen.OnResponse | None = None,
+) -> loadgen.Result:
+    """`CONNECTIONS` connections on `port` for `duration_s`; fails when `server` exited."""
+    result = await closed_loop(
+        "127.0.0.1",
+        port,
+        make,
+        connections=CONNECTIONS,
+        duration_s=duration_s,
+        on_response=on_response,
+    )
+    check_running((server,))
+    return result
+
+
+def _bare_request(i: int) -> Request:
+    return Request.json("POST", "/bare", {"message": f"bench {i}"})
+
+
+async def _bare(port: int, server: Proc) -> float:
+    """The bare endpoint's 201 answers per second under the same load for `BARE_DURATION_S`,
+    served as `run` serves the app (one process, on uvloop, with its access log)."""
+    result = await _load(port, server, _bare_request, BARE_DURATION_S)
     if result.statuses[201] != result.answered or result.errors:
         raise RuntimeError(f"the bare endpoint failed: {result.summary()}")
     return result.statuses[201] / result.elapsed_s

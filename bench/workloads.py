@@ -57,10 +57,11 @@ WORKLOADS: dict[str, Spec] = {
     ),
     "http_reminders": Spec(
         http_bench.http_reminders,
-        keys=("server",),
+        keys=("server", "users"),
         runs=1,
-        about="32 connections create reminders for 10 s against `jobq serve`, then `jobq run`,"
-        " while the workers deliver them; the bare endpoint (one INSERT) for 5 s",
+        about="32 connections create reminders for 1 user, then for 100, for 10 s each against"
+        " `jobq run` (access log on, rate limit and caps lifted) while its workers deliver"
+        " them; before each, the bare endpoint (one INSERT) served the same way for 5 s",
     ),
     # its figures are ratios within a run; starting 50 worker processes takes a minute or two
     "fleet": Spec(

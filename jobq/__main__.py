@@ -79,16 +79,20 @@ async def serve_app(app: Any, settings: Settings, fd: int | None = None) -> None
 
 
 def supervise(settings: Settings) -> int:
-    """`run`: apply the migrations, bind the HTTP socket, then supervise the web and worker
+    """`run`: apply the migrations, bind the HTTP sockets, then supervise the web and worker
     processes (`jobq.supervisor`) until SIGTERM/SIGINT; return the exit code."""
     from jobq.migrate import prepare
-    from jobq.supervisor import Supervisor, bind
+    from jobq.supervisor import Supervisor, bind, web_processes
 
     dsn = run(prepare(settings))
-    with bind(settings) as sock:
+    sockets = bind(settings, web_processes(settings))
+    try:
         log = logging.getLogger("jobq.supervisor")
-        log.info("listening on http://%s:%d", *sock.getsockname()[:2])
-        return Supervisor(settings, dsn, sock.fileno()).run()
+        log.info("listening on http://%s:%d", *sockets[0].getsockname()[:2])
+        return Supervisor(settings, dsn, [sock.fileno() for sock in sockets]).run()
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 async def work(settings: Settings) -> None:

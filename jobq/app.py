@@ -143,6 +143,7 @@ def create_app(settings: Settings | None = None) -> Quart:
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.extensions["jobq.settings"] = settings
     app.extensions["jobq.rate_limiter"] = auth.rate_limiter(settings)
+    app.extensions["jobq.key_cache"] = auth.key_cache()
     QuartSchema(
         app,
         info=Info(title="jobq", version="0.1.0"),

@@ -1,9 +1,11 @@
 """`python -m jobq run` (what `make run` does): one supervisor process, web and worker children.
 
 The supervisor applies the migrations (starting the embedded server when `DATABASE_URL` is
-unset), binds the HTTP socket once, then starts `web_processes` children `python -m jobq serve
---fd N` (hypercorn accepting on the inherited socket, no in-process worker) and
-`worker_processes` children `python -m jobq worker`; 0 means one per CPU for each.
+unset), binds the HTTP sockets once (`bind`: one per web process on Linux, so that the kernel
+spreads the connections evenly), then starts `web_processes` children `python -m jobq serve
+--fd N` (hypercorn accepting on its inherited socket, no in-process worker) and
+`worker_processes` children `python -m jobq worker`; 0 means one per CPU for each. A web
+process restarted takes over its predecessor's socket, with the connections waiting in it.
 
 - A child that dies is restarted after a backoff: 0.5 s, doubled for each restart of that
   child within `crash_loop_window`, at most 30 s; the log says how it ended (exit code or
@@ -74,6 +76,8 @@ class Child:
 
     name: str
     argv: list[str]
+    fd: int | None = None
+    """The listening socket it inherits (a web process)."""
     popen: subprocess.Popen[bytes] | None = None
     restart_at: float | None = None
     """Monotonic time of the pending restart, if any."""
@@ -85,15 +89,14 @@ class Supervisor:
     """Starts the children, restarts the dead, stops them all on a signal. `run()` returns the
     exit code: 0 after a stop on SIGTERM/SIGINT, 1 on a crash loop or a child killed at stop."""
 
-    def __init__(self, settings: Settings, dsn: str, listen_fd: int) -> None:
+    def __init__(self, settings: Settings, dsn: str, listen_fds: list[int]) -> None:
         self.settings = settings
-        self.listen_fd = listen_fd
         self.env = {**os.environ, "DATABASE_URL": dsn, "JOBQ_RUN_WORKERS": "false"}
         python = [sys.executable, "-m", "jobq"]
-        web = settings.web_processes or cpu_count()
         workers = settings.worker_processes or cpu_count()
+        fds = [listen_fds[i % len(listen_fds)] for i in range(web_processes(settings))]
         self.children = [
-            Child(f"web-{i}", [*python, "serve", "--fd", str(listen_fd)]) for i in range(web)
+            Child(f"web-{i}", [*python, "serve", "--fd", str(fd)], fd) for i, fd in enumerate(fds)
         ] + [Child(f"worker-{i}", [*python, "worker"]) for i in range(workers)]
         self.stopping = False
 
@@ -107,7 +110,7 @@ class Supervisor:
             child.argv,
             env=self.env,
             stdin=subprocess.DEVNULL,
-            pass_fds=(self.listen_fd,),
+            pass_fds=() if child.fd is None else (child.fd,),
             preexec_fn=_child_setup,  # safe: the supervisor runs no threads
         )
         child.restart_at = None
@@ -185,14 +188,43 @@ class Supervisor:
         return code
 
 
-def bind(settings: Settings) -> socket.socket:
-    """The HTTP socket on `http_host:http_port`, listening, inheritable by the children.
+def web_processes(settings: Settings) -> int:
+    """How many web processes `run` starts: `web_processes`, or one per CPU."""
+    return settings.web_processes or cpu_count()
 
+
+def bind(settings: Settings, count: int = 1) -> list[socket.socket]:
+    """`count` sockets listening on `http_host:http_port` (a port of 0: a free one, the same
+    for all), inheritable by the children.
+
+    Where the kernel spreads the connections over sockets bound with `SO_REUSEPORT` (Linux),
+    one per web process: processes accepting on one shared socket take the connections as they
+    wake, and the first awake can take a burst of keep-alive connections whole, leaving the
+    others idle. Elsewhere one socket, shared. The address is first bound alone (without
+    `SO_REUSEPORT`), so that an address in use, by another `run` too, is refused as before.
     Raises: `OSError` when the address is taken or not ours."""
     family = socket.AF_INET6 if ":" in settings.http_host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((settings.http_host, settings.http_port))
-    sock.listen(1024)
-    sock.set_inheritable(True)
-    return sock
+    spread = count > 1 and sys.platform == "linux" and hasattr(socket, "SO_REUSEPORT")
+    port = settings.http_port
+    if spread:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((settings.http_host, port))
+            port = probe.getsockname()[1]
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count if spread else 1):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if spread:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((settings.http_host, port))
+            port = sock.getsockname()[1]
+            sock.listen(1024)
+            sock.set_inheritable(True)
+    except OSError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets

@@ -54,6 +54,8 @@ TABLES = [
     "worker",
     "users",
     "reminders",
+    "reminder_quotas",
+    "reminder_holds",
     "exports",
     "api_keys",
     "job_queue",

@@ -1,7 +1,8 @@
 """Real processes: `python -m jobq run` (what `make run` does), its web and worker children.
 
 - a SIGKILLed worker child and a SIGKILLed web child are restarted, and the service goes on
-  (the new worker runs jobs; HTTP keeps answering on the one shared socket);
+  (the new worker runs jobs; HTTP keeps answering, the new web child on its predecessor's
+  socket);
 - SIGTERM stops every child within the drain timeout + 2 s, the running job released
   uncharged, and the supervisor exits 0;
 - a child that crashes at every start is reported as a crash loop (an ERROR line, exit 1).

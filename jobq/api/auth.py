@@ -2,7 +2,9 @@
 
 `user_only` requires `Authorization: Bearer <api key>` (see `jobq.domain.keys`). A missing,
 malformed, unknown or revoked key gets 401 `unauthorized` with `WWW-Authenticate: Bearer`;
-the key is never logged or echoed. A route with `<user_id>` in its path answers 404 for
+the key is never logged or echoed. A key's lookup is cached for a second per process
+(`jobq.domain.keys.KeyCache`): a key revoked through another process is refused within a
+second, through this one at once. A route with `<user_id>` in its path answers 404 for
 another user's id, and the domain answers 404 for another user's reminder or export: a caller
 cannot tell another user's resources from missing ones.
 
@@ -118,7 +120,8 @@ def user_only(
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         token = bearer(request.headers.get("Authorization"))
-        found = None if token is None else await keys.authenticate(token)
+        cache: keys.KeyCache = current_app.extensions["jobq.key_cache"]
+        found = None if token is None else await keys.authenticate(token, cache)
         if found is None:
             reason = "no key" if token is None else "wrong key"
             log.info("request refused (%s): %s %s", reason, request.method, request.path)
@@ -139,3 +142,8 @@ def user_only(
 def rate_limiter(settings: Settings) -> RateLimiter:
     """The app's rate limiter, from `rate_limit_per_s` and `rate_limit_burst`."""
     return RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
+
+
+def key_cache() -> keys.KeyCache:
+    """The app's cache of API key lookups (`jobq.domain.keys.KeyCache`)."""
+    return keys.KeyCache()

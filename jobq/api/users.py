@@ -102,6 +102,8 @@ async def revoke_key(user_id: int, key_id: int) -> tuple[str, int]:
     """Revoke one of the user's API keys (the one in use included): 204. 404 when the user
     holds no such unrevoked key."""
     await keys.revoke_key(user_id, key_id)
+    key_cache: keys.KeyCache = current_app.extensions["jobq.key_cache"]
+    key_cache.forget_after_commit(key_id)
     audit("key.revoke", f"key:{key_id}")
     return "", 204
 
@@ -110,10 +112,10 @@ async def revoke_key(user_id: int, key_id: int) -> tuple[str, int]:
 @user_only
 @validate_request(NewReminder)
 @validate_response(Reminder, 201)
-@write_transaction
 async def create_reminder(user_id: int, data: NewReminder) -> tuple[Reminder, int]:
-    """Schedule a reminder; its delivery job commits with it. 409 `limit_reached` when the
-    user has `JOBQ_MAX_REMINDERS_PER_USER` unsent reminders."""
+    """Schedule a reminder; its delivery job commits with it (the domain opens the transaction,
+    after its hold on the user's cap). 409 `limit_reached` when the user has
+    `JOBQ_MAX_REMINDERS_PER_USER` unsent reminders."""
     limit = _settings().max_reminders_per_user
     return await reminders.schedule_reminder(user_id, data, max_unsent=limit), 201
 

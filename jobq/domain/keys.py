@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import re
 import secrets
+import time
 from datetime import datetime
 
 from pydantic import AwareDatetime, BaseModel
@@ -71,15 +72,65 @@ def key_id(key: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-async def authenticate(key: str) -> tuple[int, int] | None:
-    """Return `(user_id, key_id)` of a valid, unrevoked key, else None. One statement on a
-    pooled connection of its own (autocommit), outside any transaction: it runs on every
-    request, before the request's own transaction."""
+KEY_CACHE_TTL_S = 1.0
+"""How long a process trusts a key's lookup: a revocation made elsewhere is seen within it."""
+
+
+class KeyCache:
+    """The owner and digest of each key looked up in the last `ttl_s` seconds (monotonic clock,
+    from before the lookup was sent), at most `max_keys` of them: the lookup of a key in use is
+    one statement a second per process, not one per request, and a revocation is still seen
+    within `ttl_s` everywhere (at once in the process that made it: `forget_after_commit`)."""
+
+    def __init__(self, ttl_s: float = KEY_CACHE_TTL_S, max_keys: int = 10_000) -> None:
+        self.ttl_s = ttl_s
+        self.max_keys = max_keys
+        self._found: dict[int, tuple[float, int, bytes]] = {}
+
+    def get(self, key_id: int) -> tuple[int, bytes] | None:
+        """The cached `(user_id, digest)` of key `key_id`, unless missing or too old."""
+        found = self._found.get(key_id)
+        if found is None or time.monotonic() - found[0] > self.ttl_s:
+            return None
+        return found[1], found[2]
+
+    def put(self, key_id: int, user_id: int, digest: bytes, looked_up: float) -> None:
+        """Remember key `key_id`, looked up at `looked_up` (`time.monotonic()`)."""
+        if len(self._found) >= self.max_keys:
+            self._found.clear()  # a second's worth of keys: refilled as they come
+        self._found[key_id] = (looked_up, user_id, digest)
+
+    def forget_after_commit(self, key_id: int) -> None:
+        """Forget key `key_id` once the transaction in progress commits (a revocation)."""
+
+        def forget() -> None:
+            self._found.pop(key_id, None)
+
+        tx = db.current_transaction()
+        if tx is None:
+            forget()
+        else:
+            tx.after_commit.append(forget)
+
+
+async def authenticate(key: str, cache: KeyCache | None = None) -> tuple[int, int] | None:
+    """Return `(user_id, key_id)` of a valid, unrevoked key, else None. The lookup is one
+    statement on a pooled connection of its own (autocommit), outside any transaction: it runs
+    on every request, before the request's own transaction, unless `cache` has the key."""
     found = key_id(key)
     if found is None:
         return None
-    async with db.current_database().pool.acquire() as conn:
-        row = await statements.api_key_find.fetchrow(conn, key_id=found)
-    if row is None or not hmac.compare_digest(bytes(row["digest"]), _digest(key)):
+    digest = _digest(key)
+    cached = None if cache is None else cache.get(found)
+    if cached is None or not hmac.compare_digest(cached[1], digest):
+        looked_up = time.monotonic()
+        async with db.current_database().pool.acquire() as conn:
+            row = await statements.api_key_find.fetchrow(conn, key_id=found)
+        if row is None:
+            return None
+        cached = (row["user_id"], bytes(row["digest"]))
+        if cache is not None:
+            cache.put(found, *cached, looked_up)
+    if not hmac.compare_digest(cached[1], digest):
         return None
-    return row["user_id"], found
+    return cached[0], found

@@ -13,6 +13,7 @@ occurrence (`jobq.queue.schedule.next_at`): the domain never reads the queue's t
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -28,6 +29,8 @@ from jobq.domain.users import require_user
 from jobq.errors import Conflict, LimitReached, NotFound
 from jobq.queue import Job, control, dead, enqueue, schedule
 from jobq.queue.control import JobState
+
+log = logging.getLogger(__name__)
 
 SEND_REMINDER = "send_reminder"
 QUEUE = "reminders"
@@ -198,33 +201,69 @@ def _reminder(
     )
 
 
+HOLD_GRACE = timedelta(minutes=1)
+"""How long a hold on an unsent reminder waits for its request's transaction to turn it into the
+reminder: an older hold that no transaction holds is its dead request's (a killed process), and
+is dropped at the user's next recount (`reminder_hold_take`)."""
+
+
 async def schedule_reminder(user_id: int, data: NewReminder, *, max_unsent: int) -> Reminder:
-    """Insert a reminder and enqueue its `send_reminder` job (ripe at the due time) in the same
-    transaction. Raises: `NotFound` when the user does not exist; `LimitReached` when the user
-    has `max_unsent` reminders not yet sent (checked under a lock of the user's row, so
-    concurrent requests cannot overshoot)."""
-    conn = db.conn()
+    """Insert a reminder and enqueue its `send_reminder` job (ripe at the due time), or save its
+    schedule (recurring), in one transaction of its own (or, inside one, a savepoint of it).
+
+    The user's cap, `max_unsent` reminders not yet sent, holds exactly without making the user's
+    other requests wait for this one's commit: first a hold on one more unsent reminder is
+    taken, alone, in a short transaction (`reminder_hold_take` says why that is exact); then the
+    reminder's transaction turns the hold into the reminder, or the hold is released when it
+    fails (when an outer transaction rolls back afterwards, the hold counts until `HOLD_GRACE`).
+    Raises: `NotFound` when the user does not exist; `LimitReached` at the cap."""
     now = clock.now()
     remind_at = data.due_at(now)
-    user = await statements.user_lock.fetchrow(conn, user_id=user_id)
-    if user is None:
+    database = db.current_database()
+    async with database.pool.acquire() as conn:
+        hold = await statements.reminder_hold_take.fetchrow(
+            conn, user_id=user_id, max_unsent=max_unsent, now=now, grace=HOLD_GRACE
+        )
+    if hold is None:
         raise NotFound("no such user", user_id=user_id)
-    unsent = await statements.reminder_unsent_count.fetchval(conn, user_id=user_id)
-    if unsent >= max_unsent:
+    if hold["hold_id"] is None:
         raise LimitReached("too many reminders not yet sent: delete some or wait", limit=max_unsent)
+    try:
+        async with db.transaction() as conn:
+            return await _create(conn, hold["hold_id"], user_id, data, remind_at, now)
+    except BaseException:
+        try:
+            async with database.pool.acquire() as conn:
+                await statements.reminder_hold_release.execute(conn, hold_id=hold["hold_id"])
+        except Exception as exc:  # the hold is dropped after HOLD_GRACE
+            log.warning("could not release a reminder's hold (%s: %s)", type(exc).__name__, exc)
+        raise
+
+
+async def _create(
+    conn: db.Connection,
+    reminder_id: int,
+    user_id: int,
+    data: NewReminder,
+    remind_at: datetime,
+    now: datetime,
+) -> Reminder:
+    """Make held reminder `reminder_id` in the transaction of `conn`: its job or its schedule,
+    then the reminder (in place of its hold)."""
     recurrence = data.recurrence
-    reminder_id: int = await statements.reminder_create.fetchval(
-        conn,
-        user_id=user_id,
-        message=data.message,
-        remind_at=remind_at,
-        now=now,
-        rrule=None if recurrence is None else recurrence.rrule,
-        tz=None if recurrence is None else recurrence.tz,
-        until=None if recurrence is None else recurrence.until,
-        count=None if recurrence is None else recurrence.count,
-    )
-    if recurrence is not None:
+    job_id = None
+    if recurrence is None:
+        job = await enqueue(
+            Job(
+                job_type=SEND_REMINDER,
+                arguments={"reminder_id": reminder_id},
+                ripe_at=remind_at,
+                queue=QUEUE,
+                concurrency_key=shares.delivery_key(user_id),
+            )
+        )
+        job_id = job.id
+    else:
         await schedule.save(
             conn,
             name=schedule_name(reminder_id),
@@ -237,17 +276,23 @@ async def schedule_reminder(user_id: int, data: NewReminder, *, max_unsent: int)
             concurrency_key=shares.delivery_key(user_id),
             occurrence_arg="occurrence_at",
         )
-        return await get_reminder(reminder_id, user_id)
-    job = await enqueue(
-        Job(
-            job_type=SEND_REMINDER,
-            arguments={"reminder_id": reminder_id},
-            ripe_at=remind_at,
-            queue=QUEUE,
-            concurrency_key=shares.delivery_key(user_id),
-        )
+    created = await statements.reminder_create.fetchval(
+        conn,
+        id=reminder_id,
+        user_id=user_id,
+        message=data.message,
+        remind_at=remind_at,
+        now=now,
+        job_id=job_id,
+        rrule=None if recurrence is None else recurrence.rrule,
+        tz=None if recurrence is None else recurrence.tz,
+        until=None if recurrence is None else recurrence.until,
+        count=None if recurrence is None else recurrence.count,
     )
-    await statements.reminder_job_set.execute(conn, reminder_id=reminder_id, job_id=job.id)
+    if created is None:
+        raise RuntimeError(f"the hold of reminder {reminder_id} was dropped: its request was slow")
+    if recurrence is not None:
+        return await get_reminder(reminder_id, user_id)
     # As `get_reminder` would read it back inside this transaction: nothing else has seen it.
     return Reminder(
         id=reminder_id,
@@ -258,7 +303,7 @@ async def schedule_reminder(user_id: int, data: NewReminder, *, max_unsent: int)
         attempts=0,
         sent_at=None,
         last_error=None,
-        job_id=job.id,
+        job_id=job_id,
         created_at=now,
     )
 

@@ -1,15 +1,26 @@
--- name: reminder_unsent_count
--- User :user_id's reminders not yet sent (recurring ones included: they are never sent).
-SELECT count(*) FROM reminders WHERE user_id = :user_id AND sent_at IS NULL;
+-- name: reminder_hold_take
+-- A hold on one more unsent reminder of user :user_id, at most :max_unsent (see the function);
+-- alone, in autocommit.
+SELECT hold_id, webhook_url FROM reminder_hold_take(:user_id, :max_unsent, :now, :grace);
+
+-- name: reminder_hold_release!
+-- Release hold :hold_id, whose request failed (nothing when its reminder was made).
+DELETE FROM reminder_holds WHERE id = :hold_id;
 
 -- name: reminder_create
--- A new reminder (:rrule, :tz, :until, :count: its recurrence, or NULLs); returns its id.
-INSERT INTO reminders (user_id, message, remind_at, created_at, rrule, tz, until, count)
-VALUES (:user_id, :message, :remind_at, :now, :rrule, :tz, :until, :count)
+-- Turn hold :id (reminder_hold_take) into user :user_id's reminder with that id (:job_id: its
+-- send_reminder job, NULL when recurring; :rrule, :tz, :until, :count: its recurrence, or NULLs);
+-- returns its id, or no row when the hold is gone (dropped as its request's, after the grace).
+WITH hold AS (
+    DELETE FROM reminder_holds WHERE id = :id AND user_id = :user_id RETURNING id, user_id
+)
+INSERT INTO reminders (id, user_id, message, remind_at, created_at, job_id, rrule, tz, until,
+                       count)
+OVERRIDING SYSTEM VALUE
+SELECT id, user_id, :message::text, :remind_at::timestamptz, :now::timestamptz, :job_id::bigint,
+       :rrule::text, :tz::text, :until::timestamptz, :count::integer
+FROM hold
 RETURNING id;
-
--- name: reminder_job_set!
-UPDATE reminders SET job_id = :job_id WHERE id = :reminder_id;
 
 -- name: reminder_get
 -- User :user_id's reminder :reminder_id. Its status derives from its job's state and its

@@ -35,8 +35,17 @@ def test_every_statement_is_fully_numbered(name: str) -> None:
     assert used == set(range(1, len(query.params) + 1)), (name, used, query.params)
 
 
-DOMAIN_TABLES = {"users", "reminders", "exports", "api_keys", "webhook_hold", "webhook_hold_take"}
-"""The application's tables, and the function of its delivery shares (jobq.domain.shares)."""
+DOMAIN_TABLES = {
+    "users",
+    "reminders",
+    "reminder_quotas",
+    "reminder_holds",
+    "reminder_hold_take",  # a function of the domain's, read as a table
+    "exports",
+    "api_keys",
+    "webhook_hold",
+    "webhook_hold_take",  # the delivery shares' function (jobq.domain.shares)
+}
 APPLICATION = sorted(
     path
     for package in ("api", "dashboard", "domain", "jobs")
@@ -51,5 +60,7 @@ def test_the_application_reads_no_table_of_the_queue(path: Path) -> None:
     assert not re.search(r"[\"']\s*(SELECT|INSERT|UPDATE|DELETE|WITH)\s", source), "SQL in Python"
     assert not re.search(r"jobq\.queue\.sql|from jobq\.queue import [^\n]*\bsql\b", source)
     for name in re.findall(r"\bstatements\.(\w+)", source):
-        tables = re.findall(r"\b(?:FROM|JOIN|INTO|UPDATE)\s+(\w+)", STATEMENTS[name].text, re.I)
-        assert set(tables) <= DOMAIN_TABLES, (name, tables)
+        text = STATEMENTS[name].text
+        tables = set(re.findall(r"\b(?:FROM|JOIN|INTO|UPDATE)\s+(\w+)", text, re.I))
+        ctes = set(re.findall(r"\b(\w+)\s+AS\s+\(", text, re.I))
+        assert tables - ctes <= DOMAIN_TABLES, (name, tables)

@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import hmac
 import json
+import math
 import re
 import time
 from collections import defaultdict
@@ -88,11 +89,18 @@ def assert_reminder_delivery(
 @dataclass(frozen=True, slots=True)
 class Delivery:
     """One delivery of a reminder: its `attempt` (from the body), when it arrived (epoch
-    seconds), and whether its signature was right."""
+    seconds), whether its signature was right, and its `remind_at` (from the body, epoch
+    seconds; NaN when the body has none)."""
 
     attempt: int
     received_s: float
     signed: bool
+    remind_at_s: float = math.nan
+
+    @property
+    def lateness_s(self) -> float:
+        """How late it arrived: `received_s - remind_at_s`, in seconds."""
+        return self.received_s - self.remind_at_s
 
 
 @dataclass
@@ -186,10 +194,12 @@ class WebhookReceiver:
             payload = json.loads(body)
             reminder_id = int(payload["reminder_id"])
             attempt = int(payload["attempt"])
+            due = payload.get("remind_at")
+            remind_at_s = math.nan if due is None else datetime.fromisoformat(due).timestamp()
         except (ValueError, KeyError, TypeError):
             self.malformed += 1
             return
-        self.deliveries[reminder_id].append(Delivery(attempt, time.time(), ok))
+        self.deliveries[reminder_id].append(Delivery(attempt, time.time(), ok, remind_at_s))
 
 
 class _HookProtocol(asyncio.Protocol):
