@@ -318,3 +318,16 @@ async def test_a_deep_queue_is_counted_up_to_a_cap(
     monkeypatch.setattr(views, "MAX_DEPTH", 5)
     page = (await http.get("/dashboard/", headers=ADMIN)).text
     assert 'data-label="ripe (jobs)">5<' in page
+
+
+async def test_the_database_panel_lists_every_queue_table(
+    http: httpx.AsyncClient, conn: Connection
+) -> None:
+    """Plain tables (`job`, `job_running`, `job_dead`) and partitioned ones (`job_done`,
+    `job_attempt`, their partitions summed) alike, each with its size."""
+    await conn.execute("ANALYZE job, job_running, job_dead, job_done, job_attempt")
+    page = (await http.get("/dashboard/", headers=ADMIN)).text
+    panel = page[page.index('id="database"') :]
+    for table in ("job", "job_attempt", "job_dead", "job_done", "job_running"):
+        assert f'<th scope="row"><code>{table}</code></th>' in panel, table
+    assert panel.count("KiB</td>") >= 5  # every table has indexes: a size of kibibytes
