@@ -121,7 +121,9 @@ CREATE TABLE job_dead (
     created_at      timestamptz NOT NULL,
     died_at         timestamptz NOT NULL,
     queue           text        NOT NULL DEFAULT 'default',
-    concurrency_key text
+    concurrency_key text,
+    -- when its last attempt was claimed (NULL: it died without one, or before this was kept)
+    started_at      timestamptz
 );
 
 CREATE INDEX job_dead_died_at_idx ON job_dead (died_at);
@@ -143,7 +145,10 @@ CREATE TABLE job_done (
     last_error  text,
     result      jsonb,
     created_at  timestamptz NOT NULL,
-    finished_at timestamptz NOT NULL
+    finished_at timestamptz NOT NULL,
+    -- when its last attempt was claimed (NULL: cancelled before it ran); its run time is
+    -- finished_at - started_at
+    started_at  timestamptz
 ) PARTITION BY RANGE (finished_at);
 
 CREATE INDEX job_done_id_idx ON job_done (id);

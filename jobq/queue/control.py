@@ -79,7 +79,10 @@ class JobView(BaseModel):
     last_error: str | None = Field(description="the last failed attempt's error")
     created_at: AwareDatetime
     ripe_at: AwareDatetime | None = Field(description="when it may run (queued or running)")
-    started_at: AwareDatetime | None = Field(description="when its running attempt was claimed")
+    started_at: AwareDatetime | None = Field(
+        description="when its running attempt (finished: its last attempt) was claimed; null "
+        "when it never ran. Its run time: finished_at - started_at"
+    )
     finished_at: AwareDatetime | None
     cancelled_at: AwareDatetime | None = Field(
         description="when it was cancelled (a running job then ends cancelled)"

@@ -50,12 +50,12 @@ UNION ALL
  WHERE id = :job_id )
 UNION ALL
 (SELECT id, job_type, queue, 'failed', arguments, priority, attempts, max_retries, last_error,
-        created_at, NULL, NULL, died_at, NULL, NULL
+        created_at, NULL, started_at, died_at, NULL, NULL
  FROM job_dead
  WHERE id = :job_id )
 UNION ALL
 (SELECT id, job_type, queue, state, arguments, NULL, attempts, NULL, last_error, created_at,
-        NULL, NULL, finished_at, CASE WHEN state = 'cancelled' THEN finished_at END, result
+        NULL, started_at, finished_at, CASE WHEN state = 'cancelled' THEN finished_at END, result
  FROM job_done
  WHERE id = :job_id )) AS j LIMIT 1;
 
@@ -83,12 +83,12 @@ UNION ALL
  WHERE id < coalesce(:after::bigint, 9223372036854775807) AND (:queue::text IS NULL OR queue = :queue) AND (:job_type::text IS NULL OR job_type = :job_type) AND (:state::text IS NULL OR :state = ANY('{running}'::text[])) AND (:state::text IS NULL OR 'running' = :state) ORDER BY id DESC LIMIT :limit)
 UNION ALL
 (SELECT id, job_type, queue, 'failed', arguments, priority, attempts, max_retries, last_error,
-        created_at, NULL, NULL, died_at, NULL, NULL
+        created_at, NULL, started_at, died_at, NULL, NULL
  FROM job_dead
  WHERE id < coalesce(:after::bigint, 9223372036854775807) AND (:queue::text IS NULL OR queue = :queue) AND (:job_type::text IS NULL OR job_type = :job_type) AND (:state::text IS NULL OR :state = ANY('{failed}'::text[])) AND (:state::text IS NULL OR 'failed' = :state) ORDER BY id DESC LIMIT :limit)
 UNION ALL
 (SELECT id, job_type, queue, state, arguments, NULL, attempts, NULL, last_error, created_at,
-        NULL, NULL, finished_at, CASE WHEN state = 'cancelled' THEN finished_at END, result
+        NULL, started_at, finished_at, CASE WHEN state = 'cancelled' THEN finished_at END, result
  FROM job_done
  WHERE id < coalesce(:after::bigint, 9223372036854775807) AND (:queue::text IS NULL OR queue = :queue) AND (:job_type::text IS NULL OR job_type = :job_type) AND (:state::text IS NULL OR :state = ANY('{succeeded,cancelled}'::text[])) AND (:state::text IS NULL OR state = :state) ORDER BY id DESC LIMIT :limit)) AS j
 ORDER BY id DESC
