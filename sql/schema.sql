@@ -455,7 +455,8 @@ CREATE TABLE reminders (
     until              timestamptz,
     count              integer CHECK (count > 0),
     paused             boolean     NOT NULL DEFAULT false,
-    -- occurrences delivered, and the latest of them
+    -- deliveries made (a one-off reminder: 1 once sent; a recurring one: its occurrences
+    -- delivered), and the latest occurrence delivered
     deliveries         integer     NOT NULL DEFAULT 0,
     last_occurrence_at timestamptz
 );

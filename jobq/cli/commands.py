@@ -150,13 +150,18 @@ async def jobs_show(args: argparse.Namespace, settings: Settings) -> int:
 async def jobs_cancel(args: argparse.Namespace, settings: Settings) -> int:
     """Cancel a job whatever its state (`control.cancel`). Raises: `NotFound`, `Conflict`."""
     async with db.transaction() as conn:
-        state = await cancel(conn, args.id, now=clock.now(), retain=settings.retain)
-    audit("job.cancel", f"job:{args.id}")
-    if state is JobState.RUNNING:
+        state, already = await cancel(conn, args.id, now=clock.now(), retain=settings.retain)
+    if already:  # nothing changed: nothing to audit
+        text = f"job {args.id} was cancelled already"
+        if state is JobState.RUNNING:
+            text += " (it is running: its worker was told, and it ends cancelled)"
+    elif state is JobState.RUNNING:
+        audit("job.cancel", f"job:{args.id}")
         text = f"job {args.id} is running: its worker was told, and it ends cancelled"
     else:
+        audit("job.cancel", f"job:{args.id}")
         text = f"job {args.id} cancelled"
-    emit(args, {"id": args.id, "state": state}, text)
+    emit(args, {"id": args.id, "state": state, "already_cancelled": already}, text)
     return OK
 
 

@@ -322,8 +322,8 @@ async def job_action(job_id: int, verb: str) -> Response:
         async with db.transaction() as conn:
             if verb == "retry":
                 await dead.retry(conn, job_id, now=now)
-            else:
-                await control.cancel(conn, job_id, now=now, retain=_settings().retain)
+            elif (await control.cancel(conn, job_id, now=now, retain=_settings().retain)).already:
+                return _back("dashboard.job", job_id=job_id, done="cancelled already")
     except (Conflict, NotFound) as exc:
         return _back("dashboard.job", job_id=job_id, done=f"not done: {exc.message}")
     audit("dead_job.retry" if verb == "retry" else "job.cancel", f"job:{job_id}")

@@ -42,7 +42,7 @@ async def state_of(conn: Connection, job_id: int) -> JobState | None:
 
 
 async def cancel_now(conn: Connection, job_id: int) -> JobState:
-    return await cancel(conn, job_id, now=clock.now(), retain=True)
+    return (await cancel(conn, job_id, now=clock.now(), retain=True)).state
 
 
 # -- cancel ------------------------------------------------------------------------------------
@@ -556,10 +556,15 @@ async def test_a_finished_job_keeps_when_its_last_attempt_started(
     seen = {j: await find(conn, j, now=clock.now()) for j in (good.id, dead.id, never.id)}
     for job_id in (good.id, dead.id):
         job = seen[job_id]
-        assert job is not None and job.started_at is not None and job.finished_at is not None
+        assert job is not None
+        assert job.started_at is not None
+        assert job.finished_at is not None
         assert job.created_at <= job.started_at <= job.finished_at
     good_job = seen[good.id]
-    assert good_job is not None and good_job.finished_at and good_job.started_at
+    assert good_job is not None
+    assert good_job.finished_at
+    assert good_job.started_at
     assert (good_job.finished_at - good_job.started_at).total_seconds() >= 0.05
     never_job = seen[never.id]
-    assert never_job is not None and never_job.started_at is None
+    assert never_job is not None
+    assert never_job.started_at is None
