@@ -51,6 +51,12 @@ async def serve(settings: Settings, fd: int | None = None) -> None:
     """Serve the API with hypercorn (and, unless JOBQ_RUN_WORKERS=false, a worker) until
     SIGTERM/SIGINT; then stop gracefully. `fd`: a listening socket to accept on (inherited
     from `run`'s supervisor) instead of binding the settings' address."""
+    from jobq import embedded
+    from jobq.migrate import session
+
+    # First (before the app's imports, and before hypercorn, whose failed startup would say
+    # less): no transaction pooler in the way.
+    await (await session(settings, await embedded.resolve_dsn(settings))).close()
     from jobq.app import create_app
 
     await serve_app(create_app(settings), settings, fd)
@@ -128,10 +134,9 @@ async def check(settings: Settings, rescue_grace_s: float) -> int:
 
     from jobq import clock, embedded
     from jobq.check import check as check_queue
-    from jobq.db import connect, session_dsn
+    from jobq.migrate import session
 
-    dsn = await embedded.resolve_dsn(settings)
-    conn = await connect(session_dsn(settings, dsn))
+    conn = await session(settings, await embedded.resolve_dsn(settings))
     try:
         report = await check_queue(
             conn,
@@ -247,13 +252,14 @@ def main(argv: list[str] | None = None) -> int:
         stopped = embedded.stop(settings.pgdata_dir)
         print("embedded PostgreSQL stopped" if stopped else "embedded PostgreSQL was not running")
         return 0
-    if command == "check":
-        return run(check(settings, args.rescue_grace_s))
-    if store_command:
-        return run(cli.run(args, settings))
     from jobq.migrate import PreBaselineDatabase
+    from jobq.pooler import TransactionPooler
 
     try:
+        if command == "check":
+            return run(check(settings, args.rescue_grace_s))
+        if store_command:
+            return run(cli.run(args, settings))
         if command == "run":
             code = supervise(settings)
         elif command == "serve":
@@ -262,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             run({"worker": work, "migrate": migrate}[command](settings))
             code = 0
-    except PreBaselineDatabase as exc:
+    except (PreBaselineDatabase, TransactionPooler) as exc:
         print(f"jobq: {exc}", file=sys.stderr)
         return 1
     if settings.database_url is None:

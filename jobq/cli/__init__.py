@@ -41,6 +41,7 @@ from jobq.cli.commands import CONFLICT, FAILED, NOT_FOUND
 from jobq.config import Settings
 from jobq.db import Database
 from jobq.errors import Conflict, DuplicateJob, JobqError, NotFound
+from jobq.migrate import session
 from jobq.queue.control import JobState
 
 COMMANDS = ("enqueue", "jobs", "dead", "queues", "schedules", "prune", "stats")
@@ -143,6 +144,7 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
     """Run the parsed command on the settings' database and return its exit code."""
     try:
         dsn = await embedded.resolve_dsn(settings)
+        await (await session(settings, dsn)).close()  # no transaction pooler in the way
         database = await Database.open(settings, dsn)
     except (OSError, asyncpg.PostgresError) as exc:
         print(f"jobq: cannot reach the database ({type(exc).__name__}: {exc})", file=sys.stderr)
