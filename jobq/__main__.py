@@ -24,7 +24,6 @@ if __name__ == "__main__" and sys.argv[1:2] in (["serve"], ["worker"]):
     for _sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(_sig, _note_stop)
 
-import argparse
 import asyncio
 import logging
 from collections.abc import Coroutine
@@ -212,26 +211,10 @@ def _invalid(loc: tuple[int | str, ...], msg: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
-    parser = argparse.ArgumentParser(prog="python -m jobq", description=__doc__)
-    parser.add_argument(
-        "command",
-        choices=["run", "serve", "worker", "migrate", "check", "db-stop", "sql", *cli.COMMANDS],
-        help="the job store's commands have their own help: python -m jobq jobs --help",
-    )
-    parser.add_argument("name", nargs="?", help="sql: the statement to print whole")
-    parser.add_argument(
-        "--fd", type=int, help="serve: accept on this inherited listening socket (used by run)"
-    )
-    parser.add_argument(
-        "--rescue-grace-s",
-        type=float,
-        default=60.0,
-        help="check: how long a job of a dead or hung worker may await its rescue (seconds)",
-    )
     argv = sys.argv[1:] if argv is None else argv
-    store_command = bool(argv) and argv[0] in cli.COMMANDS
-    args = cli.parse(argv) if store_command else parser.parse_args(argv)
+    args = cli.parse(argv)
     command = args.command
+    store_command = command in cli.COMMANDS
     if command in ("serve", "worker"):
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, _note_stop)

@@ -29,6 +29,7 @@ from jobq.dashboard.format import FILTERS
 from jobq.errors import Conflict, NotFound
 from jobq.queue import control, dead, metrics, schedule, store
 from jobq.queue.control import JobState
+from jobq.queue.history import Counts, rates
 
 bp = Blueprint(
     "dashboard",
@@ -44,13 +45,6 @@ PAGE_SIZE = 50
 
 NEXT_OCCURRENCES = 3
 """Occurrences shown per schedule."""
-
-RATE_EVENTS = ("enqueued", "succeeded", "failed")
-"""The events whose rates (jobs/s) the queues table shows (from `job_counter`)."""
-
-RATE_WINDOW_S = 60.0
-"""Rates are averaged over the readings of the last minute (at least `MIN_RATE_SPAN_S`)."""
-MIN_RATE_SPAN_S = 1.0
 
 MAX_DEPTH = metrics.LIVE_COUNT_MAX
 """The overview counts a queue's ripe and scheduled jobs up to this many (then says "more
@@ -153,33 +147,6 @@ async def logout() -> Response:
 
 
 # -- the overview: queues, workers, schedules, database ------------------------------------------
-
-
-Counts = dict[str, dict[str, int]]
-"""Cumulative event counts: `{queue: {event: count}}` (`metrics.event_counts`)."""
-
-
-def rates(
-    readings: deque[tuple[float, Counts]], now_s: float, counts: Counts
-) -> dict[str, dict[str, float]]:
-    """Jobs/s per queue and event (`RATE_EVENTS`): the change of the cumulative `counts` since
-    the oldest of `readings` (monotonic seconds, counts) within `RATE_WINDOW_S` of `now_s`,
-    over that interval; empty until that interval is `MIN_RATE_SPAN_S` long. `readings` is
-    updated: older ones dropped, this one kept when `MIN_RATE_SPAN_S` after the last."""
-    while readings and now_s - readings[0][0] > RATE_WINDOW_S:
-        readings.popleft()
-    if not readings or now_s - readings[-1][0] >= MIN_RATE_SPAN_S:
-        readings.append((now_s, counts))
-    then, old = readings[0]
-    if now_s - then < MIN_RATE_SPAN_S:
-        return {}
-    return {
-        queue: {
-            event: max(0, events.get(event, 0) - old.get(queue, {}).get(event, 0)) / (now_s - then)
-            for event in RATE_EVENTS
-        }
-        for queue, events in counts.items()
-    }
 
 
 def _readings() -> deque[tuple[float, Counts]]:

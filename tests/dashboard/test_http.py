@@ -15,9 +15,9 @@ from freezegun import freeze_time
 from jobq.config import Settings
 from jobq.dashboard import views
 from jobq.dashboard.session import SESSION_MAX_AGE
-from jobq.dashboard.views import RATE_WINDOW_S, rates
 from jobq.db import Connection
 from jobq.queue import schedule
+from jobq.queue.history import RATE_WINDOW_S, rates
 from jobq.queue.recurrence import ScheduleSpec
 from tests.conftest import make_settings
 from tests.dashboard.conftest import ADMIN, ADMIN_TOKEN, MakeWorker, fill, log_in
