@@ -409,6 +409,24 @@ CREATE TABLE job_type_depth (
     PRIMARY KEY (queue, job_type)
 );
 
+-- The queue's history, for the dashboard's charts (jobq.queue.leader.history): once a minute the
+-- leader copies, per queue, the cumulative counts of job_counter (enqueued, succeeded, failed)
+-- and the buckets of job_histogram (pickup_lag, run_time, under the current bounds, summed over
+-- the job types), as they stand, under that minute. A chart's rates and percentiles are the
+-- differences between two rows (jobq.queue.history), so a missed minute only widens a step.
+-- One row per queue and minute, kept 25 hours: the table stays a few thousand rows per queue.
+CREATE TABLE job_history (
+    queue          text        NOT NULL,
+    at             timestamptz NOT NULL,
+    enqueued       bigint      NOT NULL,
+    succeeded      bigint      NOT NULL,
+    failed         bigint      NOT NULL,
+    pickup_buckets bigint[]    NOT NULL,
+    run_buckets    bigint[]    NOT NULL,
+    PRIMARY KEY (queue, at)
+);
+CREATE INDEX job_history_at_idx ON job_history (at);
+
 -- The W3C trace context (`traceparent`) of the span that enqueued a job, written by the
 -- enqueue only while tracing; read in one batch per claim, forgotten after the retention.
 -- A side table rather than a column of `job`: no statement that moves a job carries it.

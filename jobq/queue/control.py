@@ -160,9 +160,12 @@ async def list_jobs(
     queue: str | None = None,
     job_type: str | None = None,
     state: JobState | None = None,
+    arguments: dict[str, Any] | None = None,
 ) -> list[JobView]:
     """Return up to `limit` jobs with ids below `after` (None: from the newest), newest (highest
-    id) first, of `queue`, `job_type` and `state` (None: any), as they are at `now`."""
+    id) first, of `queue`, `job_type` and `state`, whose arguments contain `arguments` (JSON
+    containment, `@>`; each None: any), as they are at `now`. No index serves `arguments`:
+    the tables are walked by id until a page is found (callers bound the time)."""
     rows = await sql.job_list.fetch(
         conn,
         now=now,
@@ -171,6 +174,7 @@ async def list_jobs(
         queue=queue,
         job_type=job_type,
         state=None if state is None else str(state),
+        arguments=arguments,
     )
     return [JobView.model_validate(dict(r)) for r in rows]
 

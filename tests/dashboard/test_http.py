@@ -13,7 +13,7 @@ import pytest
 from freezegun import freeze_time
 
 from jobq.config import Settings
-from jobq.dashboard import views
+from jobq.dashboard import lists, views
 from jobq.dashboard.session import SESSION_MAX_AGE
 from jobq.db import Connection
 from jobq.queue import schedule
@@ -279,7 +279,7 @@ def test_rates_are_the_change_of_the_counts_over_the_last_minute() -> None:
 async def test_a_search_that_takes_too_long_is_stopped_and_says_so(
     http: httpx.AsyncClient, conn: Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(views, "SEARCH_TIMEOUT_MS", 200)
+    monkeypatch.setattr(lists, "SEARCH_TIMEOUT_MS", 200)
     async with conn.transaction():
         await conn.execute("LOCK TABLE job_done IN ACCESS EXCLUSIVE MODE")  # the search waits
         response = await http.get("/dashboard/jobs?job_type=rare", headers=ADMIN)
