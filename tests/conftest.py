@@ -63,6 +63,7 @@ TABLES = [
     "job_depth",
     "job_trace",
     "job_type_depth",
+    "job_history",
     "job_leader",
 ]
 

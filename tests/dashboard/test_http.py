@@ -20,7 +20,7 @@ from jobq.queue import schedule
 from jobq.queue.history import RATE_WINDOW_S, rates
 from jobq.queue.recurrence import ScheduleSpec
 from tests.conftest import make_settings
-from tests.dashboard.conftest import ADMIN, ADMIN_TOKEN, MakeWorker, fill, log_in
+from tests.dashboard.conftest import ADMIN, ADMIN_TOKEN, MakeWorker, fill, fill_history, log_in
 
 PAGES = ("/dashboard/", "/dashboard/jobs", "/dashboard/dead", "/dashboard/jobs/1")
 
@@ -331,3 +331,27 @@ async def test_the_database_panel_lists_every_queue_table(
     for table in ("job", "job_attempt", "job_dead", "job_done", "job_running"):
         assert f'<th scope="row"><code>{table}</code></th>' in panel, table
     assert panel.count("KiB</td>") >= 5  # every table has indexes: a size of kibibytes
+
+
+async def test_the_history_answers_json_for_a_known_window(
+    http: httpx.AsyncClient, conn: Connection
+) -> None:
+    await fill_history(conn, ("mail",))
+    hour = await http.get("/dashboard/history?window=1h", headers=ADMIN)
+    assert hour.status_code == 200
+    [mail] = hour.json()["queues"]
+    assert len(mail["t"]) == 60
+    assert set(mail) >= {"enqueued", "succeeded", "failed", "pickup_p95", "run_p50"}
+    assert (await http.get("/dashboard/history?window=2h", headers=ADMIN)).status_code == 400
+    assert (await http.get("/dashboard/history")).status_code == 303  # to the login form
+
+
+@pytest.mark.parametrize("arguments", ["[1]", "{not json", "x" * 3000])
+async def test_a_search_by_arguments_takes_a_json_object(
+    http: httpx.AsyncClient, arguments: str
+) -> None:
+    response = await http.get("/dashboard/jobs", params={"arguments": arguments}, headers=ADMIN)
+    assert response.status_code == 400
+    assert "Not a valid search (arguments" in response.text
+    dead = await http.get("/dashboard/dead", params={"arguments": arguments}, headers=ADMIN)
+    assert dead.status_code == 400

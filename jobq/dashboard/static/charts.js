@@ -11,16 +11,21 @@
   var windowName = "1h";
   var EVERY_MS = 60000;
 
+  function short(v) {  // three significant digits, never an exponent: 250, 2.5, 0.025
+    return String(Number(v.toPrecision(3)));
+  }
+
   function seconds(v) {
     if (v === null || v === undefined) { return "–"; }
-    if (v < 1) { return (v * 1000).toPrecision(2) + " ms"; }
-    if (v < 60) { return v.toPrecision(3) + " s"; }
-    return (v / 60).toPrecision(3) + " min";
+    if (v === 0) { return "0"; }
+    if (v < 1) { return short(v * 1000) + " ms"; }
+    if (v < 60) { return short(v) + " s"; }
+    return short(v / 60) + " min";
   }
 
   function perSecond(v) {
     if (v === null || v === undefined) { return "–"; }
-    return v >= 100 ? v.toFixed(0) : v.toPrecision(3).replace(/\.?0+$/, "");
+    return v >= 1000 ? v.toFixed(0) : short(v);
   }
 
   var THROUGHPUT = [
@@ -41,7 +46,7 @@
     caption.textContent = title;
     figure.appendChild(caption);
     parent.appendChild(figure);
-    var width = Math.max(260, Math.min(parent.clientWidth || 540, 620));
+    var width = Math.max(240, Math.min(parent.clientWidth || 540, 620));
     var options = {
       width: width,
       height: 170,
@@ -50,7 +55,7 @@
       scales: { x: { time: true } },
       axes: [
         { stroke: "#667085" },
-        { stroke: "#667085", size: 64, values: function (u, vals) { return vals.map(format); } },
+        { stroke: "#667085", size: 70, values: function (u, vals) { return vals.map(format); } },
       ],
       series: [{}].concat(series.map(function (s) {
         return { label: s.label, stroke: s.stroke, dash: s.dash, width: 1.5, spanGaps: false,
@@ -63,7 +68,10 @@
     return figure;
   }
 
+  var last = null;
+
   function draw(data) {
+    last = data;
     list.textContent = "";
     if (!data.queues.length) {
       var empty = document.createElement("p");
@@ -104,6 +112,11 @@
       });
       load();
     });
+  });
+  var resizing = null;
+  window.addEventListener("resize", function () {  // a narrower window: redraw to fit
+    window.clearTimeout(resizing);
+    resizing = window.setTimeout(function () { if (last) { draw(last); } }, 150);
   });
   load();
   window.setInterval(load, EVERY_MS);
