@@ -96,7 +96,7 @@ async def cancel_latency(ctx: Context) -> list[Figures]:
                         return found
 
                     await eventually(running, within=10, what="the job to run", running=(proc,))
-                    state = await cancel(conn, job.id, now=clock.now(), retain=True)
+                    state = (await cancel(conn, job.id, now=clock.now(), retain=True)).state
                     cancelled_s = time.time()
                     assert state is JobState.RUNNING
                     ended = await await_end(job.id, 10, database=database)

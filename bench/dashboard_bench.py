@@ -1,5 +1,8 @@
-"""`dashboard_pages`: each dashboard page's server time with 1,000,000 queued and 10,000,000
-finished jobs (`bench.bigdata`), and 1,000 dead jobs with two failed attempts each.
+"""`dashboard_pages`: each dashboard page's server time with 100,000 queued and 1,000,000
+finished jobs (`bench.bigdata`, COPY and generate_series), 1,000 dead jobs with two failed
+attempts each, and 25 hours of history (a row a minute) for 5 queues: the overview, its
+charts' data (an hour, a day), the job search (by state, queue, and arguments), a job, and
+the dead letter (whole, and filtered).
 
 The app is built by `jobq.app.create_app` and called in this process through Quart's test
 client (no network, no other process: the time is the route's, its queries' and its
@@ -15,6 +18,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import quote
 
 from bench.bigdata import fill_finished, fill_queued, filled_once
 from bench.context import Context, Figures
@@ -22,9 +26,11 @@ from bench.loadgen import percentile
 from jobq.app import create_app
 from jobq.config import Settings
 from jobq.db import Connection
+from jobq.queue.metrics import BOUNDS
 
-QUEUED = 1_000_000
-FINISHED = 10_000_000
+QUEUED = 100_000
+FINISHED = 1_000_000
+HISTORY_QUEUES = 5
 DEAD = 1_000
 REQUESTS = 40
 WARMUP = 3
@@ -61,7 +67,21 @@ async def _fill(conn: Connection) -> None:
         now - timedelta(hours=1),
         DEAD,
     )
-    await conn.execute("ANALYZE job_dead; ANALYZE job_attempt")
+    await conn.execute(
+        """
+        INSERT INTO job_history (queue, at, enqueued, succeeded, failed, pickup_buckets,
+                                 run_buckets)
+        SELECT 'q' || q, date_trunc('minute', $1::timestamptz) - m * interval '1 minute',
+               (1500 - m) * 100, (1500 - m) * 98, (1500 - m) * 2,
+               array_fill((1500 - m)::bigint, ARRAY[$2::int]),
+               array_fill((1500 - m)::bigint, ARRAY[$2::int])
+        FROM generate_series(1, $3::int) AS q, generate_series(0, 1499) AS m
+        """,
+        now,
+        len(BOUNDS) + 1,
+        HISTORY_QUEUES,
+    )
+    await conn.execute("ANALYZE job_dead; ANALYZE job_attempt; ANALYZE job_history")
 
 
 async def dashboard_pages(ctx: Context) -> list[Figures]:
@@ -77,7 +97,13 @@ async def dashboard_pages(ctx: Context) -> list[Figures]:
         "jobs_queue_succeeded": "/dashboard/jobs?queue=default&state=succeeded",
         "job_finished": f"/dashboard/jobs/{ids['finished']}",
         "job_dead": f"/dashboard/jobs/{ids['dead']}",
+        "history_1h": "/dashboard/history?window=1h",
+        "history_24h": "/dashboard/history?window=24h",
+        # no index serves it: each table is walked by id until a page matches (here a recent
+        # finished job; the 100,000 queued jobs are read whole, none matching)
+        "jobs_arguments": "/dashboard/jobs?arguments=" + quote(f'{{"big": {FINISHED - 10}}}'),
         "dead": "/dashboard/dead",
+        "dead_filtered": "/dashboard/dead?error=SMTP&arguments=" + quote('{"to": 7}'),
         # few of millions match: walks job_done until the search's time limit (503)
         "jobs_rare_type": "/dashboard/jobs?job_type=bench_mail",
     }

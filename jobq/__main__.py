@@ -24,7 +24,6 @@ if __name__ == "__main__" and sys.argv[1:2] in (["serve"], ["worker"]):
     for _sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(_sig, _note_stop)
 
-import argparse
 import asyncio
 import logging
 from collections.abc import Coroutine
@@ -51,6 +50,12 @@ async def serve(settings: Settings, fd: int | None = None) -> None:
     """Serve the API with hypercorn (and, unless JOBQ_RUN_WORKERS=false, a worker) until
     SIGTERM/SIGINT; then stop gracefully. `fd`: a listening socket to accept on (inherited
     from `run`'s supervisor) instead of binding the settings' address."""
+    from jobq import embedded
+    from jobq.migrate import session
+
+    # First (before the app's imports, and before hypercorn, whose failed startup would say
+    # less): no transaction pooler in the way.
+    await (await session(settings, await embedded.resolve_dsn(settings))).close()
     from jobq.app import create_app
 
     await serve_app(create_app(settings), settings, fd)
@@ -132,10 +137,9 @@ async def check(settings: Settings, rescue_grace_s: float) -> int:
 
     from jobq import clock, embedded
     from jobq.check import check as check_queue
-    from jobq.db import connect, session_dsn
+    from jobq.migrate import session
 
-    dsn = await embedded.resolve_dsn(settings)
-    conn = await connect(session_dsn(settings, dsn))
+    conn = await session(settings, await embedded.resolve_dsn(settings))
     try:
         report = await check_queue(
             conn,
@@ -211,26 +215,10 @@ def _invalid(loc: tuple[int | str, ...], msg: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
-    parser = argparse.ArgumentParser(prog="python -m jobq", description=__doc__)
-    parser.add_argument(
-        "command",
-        choices=["run", "serve", "worker", "migrate", "check", "db-stop", "sql", *cli.COMMANDS],
-        help="the job store's commands have their own help: python -m jobq jobs --help",
-    )
-    parser.add_argument("name", nargs="?", help="sql: the statement to print whole")
-    parser.add_argument(
-        "--fd", type=int, help="serve: accept on this inherited listening socket (used by run)"
-    )
-    parser.add_argument(
-        "--rescue-grace-s",
-        type=float,
-        default=60.0,
-        help="check: how long a job of a dead or hung worker may await its rescue (seconds)",
-    )
     argv = sys.argv[1:] if argv is None else argv
-    store_command = bool(argv) and argv[0] in cli.COMMANDS
-    args = cli.parse(argv) if store_command else parser.parse_args(argv)
+    args = cli.parse(argv)
     command = args.command
+    store_command = command in cli.COMMANDS
     if command in ("serve", "worker"):
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, _note_stop)
@@ -251,11 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         stopped = embedded.stop(settings.pgdata_dir)
         print("embedded PostgreSQL stopped" if stopped else "embedded PostgreSQL was not running")
         return 0
-    if command == "check":
-        return run(check(settings, args.rescue_grace_s))
-    if store_command:
-        return run(cli.run(args, settings))
     from jobq.migrate import PreBaselineDatabase
+    from jobq.pooler import TransactionPooler
 
     if command == "run":  # the kept webhook secret is made once, before the children start
         from jobq.domain.signing import with_secret
@@ -266,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"jobq: {exc}", file=sys.stderr)
             return 1
     try:
+        if command == "check":
+            return run(check(settings, args.rescue_grace_s))
+        if store_command:
+            return run(cli.run(args, settings))
         if command == "run":
             code = supervise(settings)
         elif command == "serve":
@@ -274,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             run({"worker": work, "migrate": migrate}[command](settings))
             code = 0
-    except PreBaselineDatabase as exc:
+    except (PreBaselineDatabase, TransactionPooler) as exc:
         print(f"jobq: {exc}", file=sys.stderr)
         return 1
     if settings.database_url is None:

@@ -27,7 +27,7 @@ from jobq.api import jobs as jobs_api
 from jobq.config import Settings
 from jobq.db import Database
 from jobq.domain.types import BIGINT_MAX
-from jobq.errors import DatabaseUnavailable, JobqError, TooManyRequests
+from jobq.errors import OBJECT_DETAIL_STATUSES, DatabaseUnavailable, JobqError, TooManyRequests
 from jobq.migrate import prepare
 from jobq.queue import Worker
 from jobq.queue import metrics as queue_metrics
@@ -100,7 +100,7 @@ def _register_errors(app: Quart) -> None:
                 include_url=False, include_context=False, include_input=False
             )
         else:
-            detail = str(cause)
+            detail = [{"type": "invalid", "loc": [], "msg": str(cause)}]
         return error_body("validation_error", detail, 422)
 
     @app.errorhandler(JobqError)
@@ -112,7 +112,10 @@ def _register_errors(app: Quart) -> None:
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:
-        response = error_body(_snake(exc.name), exc.description, exc.code or 500)
+        detail: Any = exc.description
+        if exc.code in OBJECT_DETAIL_STATUSES:
+            detail = {"message": detail}
+        response = error_body(_snake(exc.name), detail, exc.code or 500)
         for name, value in exc.get_headers():  # e.g. Allow on a 405 (RFC 9110, 15.5.6)
             if name.lower() != "content-type":
                 response.headers[name] = value

@@ -8,6 +8,9 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+OBJECT_DETAIL_STATUSES = (404, 409)
+"""The statuses whose `detail` is always an object with a `message` (and the ids concerned)."""
+
 
 class JobqError(Exception):
     """Something went wrong in jobq."""
@@ -21,8 +24,11 @@ class JobqError(Exception):
         super().__init__(self.message)
 
     def detail(self) -> Any:
-        """The `detail` of the JSON error: the message, with the data when there is some."""
-        return {"message": self.message, **self.data} if self.data else self.message
+        """The `detail` of the JSON error (`jobq.api.problems`): `{"message": ..., **data}`
+        for a 404 or a 409, or when there is data; else the message alone."""
+        if self.data or self.status in OBJECT_DETAIL_STATUSES:
+            return {"message": self.message, **self.data}
+        return self.message
 
 
 class NotFound(JobqError):

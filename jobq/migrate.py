@@ -7,7 +7,7 @@ import logging
 import re
 from pathlib import Path
 
-from jobq import embedded
+from jobq import embedded, pooler
 from jobq.config import PROJECT_ROOT, Settings
 from jobq.db import Connection, connect, session_dsn
 from jobq.errors import JobqError
@@ -59,16 +59,28 @@ def function_files(functions_dir: Path = FUNCTIONS_DIR) -> list[Path]:
 
 
 async def prepare(settings: Settings) -> str:
-    """Resolve the DSN (starting the embedded server when `DATABASE_URL` is unset), apply the
-    migrations (over `JOBQ_DIRECT_DATABASE_URL` when set: the lock needs a session of its own),
-    and return the DSN. Raises: `OSError` / `asyncpg.PostgresError` / `PreBaselineDatabase`."""
+    """Resolve the DSN (starting the embedded server when `DATABASE_URL` is unset), check that
+    the DSN of sessions (`JOBQ_DIRECT_DATABASE_URL` when set) is no transaction pooler
+    (`jobq.pooler`), apply the migrations over it (the lock needs a session of its own), and
+    return the DSN. Raises: `TransactionPooler` (nothing is migrated), `OSError` /
+    `asyncpg.PostgresError` / `PreBaselineDatabase`."""
     dsn = await embedded.resolve_dsn(settings)
-    conn = await connect(session_dsn(settings, dsn))
+    conn = await session(settings, dsn)
     try:
         await migrate(conn)
     finally:
         await conn.close()
     return dsn
+
+
+async def session(settings: Settings, dsn: str) -> Connection:
+    """A connection of its own to the DSN of sessions of `dsn` (`session_dsn`), once checked to
+    be no transaction pooler (`jobq.pooler`). Raises: `TransactionPooler`, `OSError` /
+    `asyncpg.PostgresError`."""
+    sessions = session_dsn(settings, dsn)
+    if await pooler.shares_sessions(sessions):
+        raise pooler.TransactionPooler(direct_set=settings.direct_database_url is not None)
+    return await connect(sessions)
 
 
 async def migrate(

@@ -121,7 +121,9 @@ CREATE TABLE job_dead (
     created_at      timestamptz NOT NULL,
     died_at         timestamptz NOT NULL,
     queue           text        NOT NULL DEFAULT 'default',
-    concurrency_key text
+    concurrency_key text,
+    -- when its last attempt was claimed (NULL: it died without one, or before this was kept)
+    started_at      timestamptz
 );
 
 CREATE INDEX job_dead_died_at_idx ON job_dead (died_at);
@@ -143,7 +145,10 @@ CREATE TABLE job_done (
     last_error  text,
     result      jsonb,
     created_at  timestamptz NOT NULL,
-    finished_at timestamptz NOT NULL
+    finished_at timestamptz NOT NULL,
+    -- when its last attempt was claimed (NULL: cancelled before it ran); its run time is
+    -- finished_at - started_at
+    started_at  timestamptz
 ) PARTITION BY RANGE (finished_at);
 
 CREATE INDEX job_done_id_idx ON job_done (id);
@@ -404,6 +409,24 @@ CREATE TABLE job_type_depth (
     PRIMARY KEY (queue, job_type)
 );
 
+-- The queue's history, for the dashboard's charts (jobq.queue.leader.history): once a minute the
+-- leader copies, per queue, the cumulative counts of job_counter (enqueued, succeeded, failed)
+-- and the buckets of job_histogram (pickup_lag, run_time, under the current bounds, summed over
+-- the job types), as they stand, under that minute. A chart's rates and percentiles are the
+-- differences between two rows (jobq.queue.history), so a missed minute only widens a step.
+-- One row per queue and minute, kept 25 hours: the table stays a few thousand rows per queue.
+CREATE TABLE job_history (
+    queue          text        NOT NULL,
+    at             timestamptz NOT NULL,
+    enqueued       bigint      NOT NULL,
+    succeeded      bigint      NOT NULL,
+    failed         bigint      NOT NULL,
+    pickup_buckets bigint[]    NOT NULL,
+    run_buckets    bigint[]    NOT NULL,
+    PRIMARY KEY (queue, at)
+);
+CREATE INDEX job_history_at_idx ON job_history (at);
+
 -- The W3C trace context (`traceparent`) of the span that enqueued a job, written by the
 -- enqueue only while tracing; read in one batch per claim, forgotten after the retention.
 -- A side table rather than a column of `job`: no statement that moves a job carries it.
@@ -450,7 +473,8 @@ CREATE TABLE reminders (
     until              timestamptz,
     count              integer CHECK (count > 0),
     paused             boolean     NOT NULL DEFAULT false,
-    -- occurrences delivered, and the latest of them
+    -- deliveries made (a one-off reminder: 1 once sent; a recurring one: its occurrences
+    -- delivered), and the latest occurrence delivered
     deliveries         integer     NOT NULL DEFAULT 0,
     last_occurrence_at timestamptz
 );

@@ -65,6 +65,7 @@ TABLES = [
     "job_depth",
     "job_trace",
     "job_type_depth",
+    "job_history",
     "job_leader",
     "webhook_hold",
 ]

@@ -36,7 +36,7 @@ async def test_a_job_running_in_a_worker_process_is_cancelled_within_seconds(
         return found
 
     await eventually(started, within=30, what="the job to start", running=(worker,))
-    assert await cancel(conn, job.id, now=clock.now(), retain=True) is JobState.RUNNING
+    assert (await cancel(conn, job.id, now=clock.now(), retain=True)).state is JobState.RUNNING
 
     async def ended() -> JobState | None:
         found = await find(conn, job.id, now=clock.now())

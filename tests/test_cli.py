@@ -16,10 +16,11 @@ import pytest
 
 from jobq import clock
 from jobq.cli.commands import JOB_COLUMNS
+from jobq.cli.fleet import WORKER_COLUMNS
 from jobq.cli.tables import table, utc
 from jobq.config import PROJECT_ROOT
 from jobq.db import Connection, Database
-from jobq.queue import Job, enqueue
+from jobq.queue import Job, Registry, enqueue
 from jobq.queue.schedule import read_schedules
 from tests.toolkit.procs import subprocess_env
 
@@ -75,8 +76,15 @@ async def test_enqueue_prints_the_id_and_whether_it_was_a_duplicate(
     jobq: Jobq, conn: Connection
 ) -> None:
     before = clock.now()
+    refused = await jobq("enqueue", "cli.test", "--args", '{"n": 1}')
+    assert refused.code == 2
+    assert refused.err.startswith("jobq: no handler serves 'cli.test'")
+    assert "--force" in refused.err
+    assert await conn.fetchval("SELECT count(*) FROM job") == 0
     ran = await jobq(
-        "enqueue", "cli.test", "--args", '{"n": 1}', "--in", "60", "--priority", "3", "--json"
+        "enqueue",
+        *("cli.test", "--args", '{"n": 1}', "--in", "60", "--priority", "3"),
+        *("--json", "--force"),
     )
     after = clock.now()
     assert ran.code == 0, ran.err
@@ -88,7 +96,7 @@ async def test_enqueue_prints_the_id_and_whether_it_was_a_duplicate(
     # 60 s after the command read its clock, which it did while it ran
     assert before + timedelta(seconds=60) <= row["ripe_at"] <= after + timedelta(seconds=60)
 
-    again = await jobq("enqueue", "cli.test", "--args", '{"n": 1}', "--in", "120")  # no sooner
+    again = await jobq("enqueue", "cli.test", "--args", '{"n": 1}', "--in", "120", "--force")
     assert again.code == 0
     assert again.out == f"job {job_id}: an identical job is queued already (duplicate)\n"
     assert "no handler for 'cli.test'" in again.err
@@ -132,6 +140,13 @@ async def test_cancel_then_a_retry_of_the_cancelled_job_is_a_conflict(
     audit = json.loads(cancelled.err.splitlines()[-1])  # the log, as JSON lines
     assert audit["logger"] == "jobq.audit"
     assert f"action=job.cancel target=job:{job_id}" in audit["message"]
+
+    again = await jobq("jobs", "cancel", str(job_id), "--json", env={"JOBQ_LOG_FORMAT": "json"})
+    assert again.code == 0
+    assert again.json() == {"id": job_id, "state": "cancelled", "already_cancelled": True}
+    assert "jobq.audit" not in again.err  # nothing changed: nothing audited
+    said = await jobq("jobs", "cancel", str(job_id))
+    assert said.out == f"job {job_id} was cancelled already\n"
 
     refused = await jobq("jobs", "retry", str(job_id))
     assert refused.code == 4
@@ -223,3 +238,36 @@ def test_tables_align_cut_long_cells_and_show_none() -> None:
         " 7  " + "x" * 59 + "…  -",
         "12  a b" + " " * 59 + "-",
     ]
+
+
+COMMANDS = [
+    *("run", "serve", "worker", "migrate", "check", "db-stop", "sql", "enqueue", "jobs"),
+    *("jobs list", "jobs cancel", "dead", "dead retry", "queues", "queues pause"),
+    *("schedules", "workers", "top", "prune", "stats"),
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+async def test_every_command_has_its_own_help_with_examples(jobq: Jobq, command: str) -> None:
+    ran = await jobq(*command.split(), "--help")
+    assert ran.code == 0, ran.err
+    assert ran.out.startswith(f"usage: python -m jobq {command}"), ran.out
+    examples = ran.out[ran.out.index("\nexamples:\n") :]
+    assert f"python -m jobq {command.split()[0]}" in examples
+    assert ran.out.count("\n") > 6  # a description, not the global text
+    overall = await jobq("--help")
+    assert ran.out != overall.out
+
+
+async def test_workers_lists_the_registered_workers(
+    jobq: Jobq, conn: Connection, make_worker: Any
+) -> None:
+    assert (await jobq("workers")).out == "no workers registered\n"
+    worker = await make_worker(Registry())
+    ran = await jobq("workers", "--json")
+    assert ran.code == 0, ran.err
+    [row] = ran.json()["workers"]
+    assert (row["id"], row["alive"], row["running_jobs"]) == (worker.id, True, 0)
+    header, line = (await jobq("workers")).out.splitlines()
+    assert header.split() == list(WORKER_COLUMNS)
+    assert line.split()[0] == str(worker.id)

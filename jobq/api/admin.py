@@ -29,7 +29,7 @@ from jobq.config import Settings
 from jobq.db import read_transaction, write_transaction
 from jobq.domain.types import BIGINT_MAX
 from jobq.queue import control, dead
-from jobq.queue.control import JobState, JobView
+from jobq.queue.control import Arguments, JobState, JobView
 
 log = logging.getLogger(__name__)
 
@@ -115,10 +115,12 @@ class JobQuery(BaseModel):
 
 class CancelledJob(BaseModel):
     """A cancelled job: `cancelled` (it left the queue), or `running` (its worker was told; it
-    ends `cancelled` whatever its handler does, and never runs again)."""
+    ends `cancelled` whatever its handler does, and never runs again). `already_cancelled`:
+    it was cancelled before this request, which changed nothing."""
 
     id: int
     state: JobState
+    already_cancelled: bool
 
 
 class Jobs(BaseModel):
@@ -190,11 +192,13 @@ async def cancel_job(job_id: int) -> CancelledJob:
     """Cancel a job whatever its state: queued or scheduled, it leaves the queue now; running,
     its worker is told at once (an async handler is cancelled, a synchronous one sees
     `JobContext.cancelled`). A cancelled job never runs again, and no later outcome changes
-    it. 409 when it succeeded or failed already; a second cancel changes nothing."""
+    it. 409 when it succeeded or failed already; a second cancel changes nothing (and is not
+    audited): `already_cancelled`."""
     settings: Settings = current_app.extensions["jobq.settings"]
-    state = await control.cancel(db.conn(), job_id, now=clock.now(), retain=settings.retain)
-    audit("job.cancel", f"job:{job_id}")
-    return CancelledJob(id=job_id, state=state)
+    done = await control.cancel(db.conn(), job_id, now=clock.now(), retain=settings.retain)
+    if not done.already:
+        audit("job.cancel", f"job:{job_id}")
+    return CancelledJob(id=job_id, state=done.state, already_cancelled=done.already)
 
 
 # -- the dead letter ---------------------------------------------------------------------------
@@ -206,7 +210,7 @@ class DeadJob(BaseModel):
 
     id: int
     job_type: str
-    arguments: dict[str, Any]
+    arguments: Arguments
     priority: int
     attempts: int
     max_retries: int
@@ -238,7 +242,7 @@ class QueuedJob(BaseModel):
 
     id: int
     job_type: str
-    arguments: dict[str, Any]
+    arguments: Arguments
     ripe_at: AwareDatetime
     priority: int
     attempts: int

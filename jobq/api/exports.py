@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 
 from pydantic import BaseModel, ConfigDict, Field
-from quart import Blueprint, Response, jsonify, request
+from quart import Blueprint, Response, jsonify, request, url_for
 from quart_schema import document_response, validate_querystring
 
 from jobq.api.auth import current_user_id, user_only
@@ -47,16 +47,18 @@ class ExportQuery(BaseModel):
 @validate_querystring(ExportQuery)
 @document_response(Export)
 async def get_export(export_id: int, query_args: ExportQuery) -> Response:
-    """The export's status (JSON); with `Accept: text/calendar` (preferred over JSON), the file
-    once done (409 before). With `wait`, a pending export's answer comes the moment its job
-    finishes (no polling), or after `wait` seconds; no transaction is held meanwhile."""
+    """The export's status (JSON); with `Accept: text/calendar` (preferred over JSON), a 303 to
+    its file (`/exports/<id>.ics`: one media type per answer, which generated clients can
+    read). With `wait`, a pending export's answer comes the moment its job finishes (no
+    polling), or after `wait` seconds; no transaction is held meanwhile."""
     export = await _export(export_id)
     if query_args.wait > 0 and export.status is ExportStatus.PENDING and export.job_id:
         with contextlib.suppress(NotFound):  # its job is gone: the status says what became of it
             await control.await_end(export.job_id, query_args.wait)
         export = await _export(export_id)
     if request.accept_mimetypes.best_match(["application/json", CALENDAR]) == CALENDAR:
-        return await _file(export_id)
+        location = url_for("exports.download_export", export_id=export_id)
+        return Response("", 303, headers={"Location": location})
     return jsonify(export.model_dump(mode="json"))
 
 

@@ -4,7 +4,8 @@ quart-schema documents each view's success model; `Provider` makes the rest exac
 
 - operation ids are the view functions' names (`get_user`), unique;
 - every model is a named component (`User`, `Reminder`, `ReminderStatus`, ...), referenced
-  wherever it is used, never written inline;
+  wherever it is used, never written inline; each error status has its body's model
+  (`jobq.api.problems`: `NotFoundError`, `ConflictError`, `ValidationFailed`, ...);
 - from the shape of each route, the JSON errors of `jobq.app`'s mapping (body: `Error`):
   500 `internal_error` and 503 `database_unavailable` everywhere; 405 `method_not_allowed`
   everywhere (another method on the same path; `Allow` lists the path's methods); 413
@@ -14,7 +15,8 @@ quart-schema documents each view's success model; `Provider` makes the rest exac
   `unsupported_media_type` on POST, PUT and PATCH; 400 `bad_request` where a JSON body is
   read; 422 `validation_error` where a body or a query string is validated;
 - from `ENDPOINT_RESPONSES`, what only a view knows: its 409s, 204s with no content,
-  iCalendar files, the `Location` header of a 202.
+  iCalendar files (`text/calendar`, a string: generated clients read it as text), the
+  `Location` header of a 202, the 303 of an export asked for as a file.
 """
 
 from __future__ import annotations
@@ -23,17 +25,17 @@ import copy
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 from quart_schema import OpenAPIProvider
 from quart_schema.validation import DataSource
 from werkzeug.routing import Rule
 
-from jobq.api import admin, auth
+from jobq.api import admin, auth, problems
 from jobq.config import Settings
 
 BODY_METHODS = {"post", "put", "patch"}
 
-Extra = Literal["conflict", "no_content", "calendar", "location", "accept", "signup"]
+Extra = Literal["conflict", "no_content", "calendar", "location", "see_file", "signup"]
 
 ENDPOINT_RESPONSES: dict[str, dict[int, Extra]] = {
     "users.create_user": {409: "conflict", 401: "signup"},
@@ -42,7 +44,7 @@ ENDPOINT_RESPONSES: dict[str, dict[int, Extra]] = {
     "users.create_reminder": {409: "conflict"},
     "users.request_export": {202: "location", 409: "conflict"},
     "reminders.delete_reminder": {204: "no_content", 409: "conflict"},
-    "exports.get_export": {200: "accept", 409: "conflict"},
+    "exports.get_export": {303: "see_file"},
     "exports.download_export": {200: "calendar", 409: "conflict"},
     "admin.retry_dead_job": {409: "conflict"},
     "admin.retry_job": {409: "conflict"},
@@ -84,24 +86,27 @@ HEADERS = {
 }
 
 
-class Error(BaseModel):
-    """The body of every error. `error`: a machine-readable code; `detail`: a message, a
-    message with data (`{"message": ..., ...}`), or the field-level errors of a 422."""
+def _error_schemas() -> dict[str, Any]:
+    """The components of the error bodies (`jobq.api.problems`), their nested models too."""
+    schemas: dict[str, Any] = {}
+    models: list[type[BaseModel]] = [problems.Error, *problems.BY_STATUS.values()]
+    for model in models:
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas |= schema.pop("$defs", {})
+        schemas[model.__name__] = schema
+    return schemas
 
-    model_config = ConfigDict(extra="forbid")
 
-    error: str
-    detail: str | dict[str, Any] | list[dict[str, Any]]
-
-
-ERROR_REF = {"$ref": "#/components/schemas/Error"}
+ERROR_SCHEMAS = _error_schemas()
 
 
 def error_response(status: int) -> dict[str, Any]:
-    """The response object of an error `status`, its body an `Error`."""
+    """The response object of an error `status`, its body the model of that status
+    (`problems.model_of`)."""
+    ref = f"#/components/schemas/{problems.model_of(status).__name__}"
     response: dict[str, Any] = {
         "description": ERRORS[status],
-        "content": {"application/json": {"schema": ERROR_REF}},
+        "content": {"application/json": {"schema": {"$ref": ref}}},
     }
     if status in HEADERS:
         response["headers"] = copy.deepcopy(HEADERS[status])
@@ -160,7 +165,7 @@ class Provider(OpenAPIProvider):
                 for status in self._statuses(rule, method, operation):
                     responses.setdefault(status, error_response(status))
                 operation["responses"] = dict(sorted(responses.items()))
-        components["Error"] = Error.model_json_schema()
+        components |= ERROR_SCHEMAS
         return paths, components
 
     @staticmethod
@@ -207,19 +212,25 @@ class Provider(OpenAPIProvider):
                 "description": "The iCalendar file, once done.",
                 "content": calendar,
             }
-        elif extra == "accept":
-            responses[status]["content"] |= calendar
-            responses[status]["description"] = (
-                "The export (`application/json`); with `Accept: text/calendar`, its iCalendar "
-                "file once done (`text/calendar`)."
-            )
+        elif extra == "see_file":
+            responses[status] = {
+                "description": "With `Accept: text/calendar` preferred: see the iCalendar file "
+                "(`Location`: `/exports/<id>.ics`, after the wait if any).",
+                "headers": {
+                    "Location": {
+                        "required": True,
+                        "description": "the file's URL",
+                        "schema": {"type": "string"},
+                    }
+                },
+            }
             operation["parameters"].append(
                 {
                     "name": "Accept",
                     "in": "header",
                     "required": False,
-                    # any media range is valid: `text/calendar` preferred means the file
-                    "description": "`text/calendar` for the file; JSON otherwise (any other value)",
+                    "description": "`text/calendar` (preferred over JSON): a 303 to the file; "
+                    "JSON otherwise (any other value)",
                     "schema": {"type": "string"},
                 }
             )

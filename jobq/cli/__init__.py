@@ -1,12 +1,14 @@
 """`python -m jobq <command>`: the job store from a shell, for operators and scripts.
 
     enqueue JOB_TYPE [--args JSON] [--queue Q] [--in SECONDS | --at ISO] [--priority N]
-                     [--max-retries N]
+                     [--max-retries N] [--force]
     jobs list [--queue Q] [--type T] [--state S] [--limit N] [--after ID]
     jobs show ID | jobs cancel ID | jobs retry ID
     dead list [--limit N] [--after ID] | dead retry (ID | --all) | dead discard ID
     queues list | queues pause NAME | queues resume NAME
     schedules list
+    workers
+    top [--interval S] [--once]
     prune [--retention-s S]
     stats
 
@@ -36,29 +38,59 @@ import asyncpg
 from pydantic import ValidationError
 
 from jobq import db, embedded
-from jobq.cli import commands
+from jobq.cli import commands, fleet
 from jobq.cli.commands import CONFLICT, FAILED, NOT_FOUND
+from jobq.cli.help import SUMMARY, description, epilog
 from jobq.config import Settings
 from jobq.db import Database
 from jobq.errors import Conflict, DuplicateJob, JobqError, NotFound
+from jobq.migrate import session
 from jobq.queue.control import JobState
 
-COMMANDS = ("enqueue", "jobs", "dead", "queues", "schedules", "prune", "stats")
-"""The first words of this package's commands."""
+COMMANDS = ("enqueue", "jobs", "dead", "queues", "schedules", "workers", "top", "prune", "stats")
+"""The first words of the job store's commands (this package runs them)."""
+
+PROCESSES = ("run", "serve", "worker", "migrate", "check", "db-stop", "sql")
+"""The first words of the commands that `jobq.__main__` runs itself."""
 
 Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
 
 
 def parser() -> argparse.ArgumentParser:
-    """The parser of the job store's commands; each sets `run` (its `Command`) and
-    `command_parser` (its own parser, whose `error()` prints its usage line and exits 2)."""
+    """The parser of every command; each sets `command_parser` (its own parser, whose
+    `error()` prints its usage line and exits 2), and those of the job store `run` (its
+    `Command`). Each command's `--help` has its description and examples (`jobq.cli.help`)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print one JSON document")
-    top = argparse.ArgumentParser(prog="python -m jobq", description=__doc__.split("\n\n")[0])
+    top = argparse.ArgumentParser(
+        prog="python -m jobq",
+        description="The jobq service (run, serve, worker, migrate, check, ...) and its job "
+        "store (enqueue, jobs, dead, queues, workers, top, ...), from a shell.",
+        epilog="each command has its own help: python -m jobq COMMAND --help",
+    )
     first = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def leaf(group: Any, name: str, run: Command, help: str) -> argparse.ArgumentParser:
-        sub: argparse.ArgumentParser = group.add_parser(name, parents=[common], help=help)
+    def command(group: Any, name: str, *, key: str = "", **kw: Any) -> argparse.ArgumentParser:
+        sub: argparse.ArgumentParser = group.add_parser(
+            name,
+            help=SUMMARY[key or name],
+            description=description(key or name),
+            epilog=epilog(key or name),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            **kw,
+        )
+        sub.set_defaults(command_parser=sub)
+        return sub
+
+    def leaf(group: Any, name: str, run: Command, help: str, key: str) -> argparse.ArgumentParser:
+        sub: argparse.ArgumentParser = group.add_parser(
+            name,
+            parents=[common],
+            help=help,
+            description=help[0].upper() + help[1:] + ".",
+            epilog=epilog(key),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         sub.set_defaults(run=run, command_parser=sub)
         return sub
 
@@ -66,7 +98,22 @@ def parser() -> argparse.ArgumentParser:
         sub.add_argument("--limit", type=positive, default=100, help="at most this many")
         sub.add_argument("--after", type=positive, help="ids below this one (the next page)")
 
-    sub = leaf(first, "enqueue", commands.enqueue, "enqueue a job; prints its id")
+    for name in PROCESSES:
+        sub = command(first, name)
+        if name == "serve":
+            sub.add_argument("--fd", type=int, help="accept on this inherited socket (run's)")
+        elif name == "check":
+            sub.add_argument(
+                "--rescue-grace-s",
+                type=float,
+                default=60.0,
+                help="how long a job of a dead or hung worker may await its rescue (seconds)",
+            )
+        elif name == "sql":
+            sub.add_argument("name", nargs="?", help="the statement to print whole")
+
+    sub = command(first, "enqueue", parents=[common])
+    sub.set_defaults(run=commands.enqueue)
     sub.add_argument("job_type")
     sub.add_argument("--args", default="{}", metavar="JSON", help="its arguments, an object")
     sub.add_argument("--queue", help="default: its handler's")
@@ -75,10 +122,12 @@ def parser() -> argparse.ArgumentParser:
     when.add_argument("--at", metavar="ISO", help="ripe at (ISO 8601, with Z or an offset)")
     sub.add_argument("--priority", type=int, default=0, metavar="N", help="higher runs first")
     sub.add_argument("--max-retries", type=int, metavar="N", help="default: its handler's")
+    sub.add_argument(
+        "--force", action="store_true", help="enqueue even when no handler serves its type here"
+    )
 
-    jobs = first.add_parser("jobs", help="any job: list, show, cancel, retry")
-    verbs = jobs.add_subparsers(dest="verb", required=True, metavar="VERB")
-    sub = leaf(verbs, "list", commands.jobs_list, "jobs, newest first")
+    verbs = command(first, "jobs").add_subparsers(dest="verb", required=True, metavar="VERB")
+    sub = leaf(verbs, "list", commands.jobs_list, "jobs, newest first", "jobs")
     sub.add_argument("--queue")
     sub.add_argument("--type", help="job type")
     sub.add_argument("--state", choices=[s.value for s in JobState])
@@ -88,33 +137,37 @@ def parser() -> argparse.ArgumentParser:
         ("cancel", commands.jobs_cancel, "cancel a job whatever its state"),
         ("retry", commands.jobs_retry, "put a failed job back in the queue"),
     ):
-        leaf(verbs, name, run, help).add_argument("id", type=positive)
+        leaf(verbs, name, run, help, "jobs").add_argument("id", type=positive)
 
-    dead_jobs = first.add_parser("dead", help="the dead letter: list, retry, discard")
-    verbs = dead_jobs.add_subparsers(dest="verb", required=True, metavar="VERB")
-    page(leaf(verbs, "list", commands.dead_list, "dead jobs, newest first"))
-    sub = leaf(verbs, "retry", commands.dead_retry, "back to the queue, attempts reset")
+    verbs = command(first, "dead").add_subparsers(dest="verb", required=True, metavar="VERB")
+    page(leaf(verbs, "list", commands.dead_list, "dead jobs, newest first", "dead"))
+    sub = leaf(verbs, "retry", commands.dead_retry, "back to the queue, attempts reset", "dead")
     which = sub.add_mutually_exclusive_group(required=True)
     which.add_argument("id", type=positive, nargs="?")
     which.add_argument("--all", action="store_true", help="every dead job")
-    sub = leaf(verbs, "discard", commands.dead_discard, "delete a dead job for good")
+    sub = leaf(verbs, "discard", commands.dead_discard, "delete a dead job for good", "dead")
     sub.add_argument("id", type=positive)
 
-    queues = first.add_parser("queues", help="queues: list, pause, resume")
-    verbs = queues.add_subparsers(dest="verb", required=True, metavar="VERB")
-    leaf(verbs, "list", commands.queues_list, "depth, running, limits, paused")
+    verbs = command(first, "queues").add_subparsers(dest="verb", required=True, metavar="VERB")
+    leaf(verbs, "list", commands.queues_list, "depth, running, limits, paused", "queues")
     for name, help in (("pause", "no worker claims its jobs"), ("resume", "claim them again")):
-        leaf(verbs, name, commands.queues_pause, help).add_argument("name")
+        leaf(verbs, name, commands.queues_pause, help, "queues").add_argument("name")
 
-    schedules = first.add_parser("schedules", help="recurring schedules: list")
-    verbs = schedules.add_subparsers(dest="verb", required=True, metavar="VERB")
-    leaf(verbs, "list", commands.schedules_list, "every schedule, all its columns")
+    verbs = command(first, "schedules").add_subparsers(dest="verb", required=True, metavar="VERB")
+    leaf(verbs, "list", commands.schedules_list, "every schedule, all its columns", "schedules")
 
-    sub = leaf(first, "prune", commands.prune, "drop finished jobs past the retention now")
+    command(first, "workers", parents=[common]).set_defaults(run=fleet.workers)
+    sub = command(first, "top")
+    sub.set_defaults(run=fleet.top)
+    sub.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds (>= 0.2)")
+    sub.add_argument("--once", action="store_true", help="print one frame and exit")
+
+    sub = command(first, "prune", parents=[common])
+    sub.set_defaults(run=commands.prune)
     sub.add_argument(
         "--retention-s", type=float, metavar="S", help="seconds (default: JOBQ_RETENTION_S)"
     )
-    leaf(first, "stats", commands.stats, "counts per job type; vacuum figures")
+    command(first, "stats", parents=[common]).set_defaults(run=commands.stats)
     return top
 
 
@@ -143,6 +196,7 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
     """Run the parsed command on the settings' database and return its exit code."""
     try:
         dsn = await embedded.resolve_dsn(settings)
+        await (await session(settings, dsn)).close()  # no transaction pooler in the way
         database = await Database.open(settings, dsn)
     except (OSError, asyncpg.PostgresError) as exc:
         print(f"jobq: cannot reach the database ({type(exc).__name__}: {exc})", file=sys.stderr)

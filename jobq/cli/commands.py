@@ -26,8 +26,8 @@ from jobq.queue.leader.prune import BY_DAY, prune_finished
 from jobq.queue.model import Job
 from jobq.queue.schedule import read_schedules
 
-OK, FAILED, NOT_FOUND, CONFLICT = 0, 1, 3, 4
-"""The exit codes (2, a usage error, is argparse's)."""
+OK, FAILED, USAGE, NOT_FOUND, CONFLICT = 0, 1, 2, 3, 4
+"""The exit codes (2 is argparse's too: a usage error)."""
 
 PROGRESS_EVERY_S = 1.0
 
@@ -65,14 +65,24 @@ def audit(action: str, target: str) -> None:
 
 
 async def enqueue(args: argparse.Namespace, settings: Settings) -> int:
-    """Enqueue `args.job` (its handler's queue and retries when its module is imported)."""
+    """Enqueue `args.job` (its handler's queue and retries when its module is imported); a
+    type that no handler of `settings.job_modules` serves is refused (exit 2) unless
+    `args.force`."""
     from jobq import jobs
     from jobq.queue.registry import registry
 
     jobs.import_job_modules(settings)
     job: Job = args.job
     if registry.get(job.job_type) is None:
-        print(f"jobq: warning: no handler for {job.job_type!r} here", file=sys.stderr)
+        where = ", ".join(["jobq.jobs", *settings.job_modules])
+        if not args.force:
+            print(
+                f"jobq: no handler serves {job.job_type!r} (none in {where}; JOBQ_JOB_MODULES "
+                "names more), so the job would die; --force enqueues it anyway",
+                file=sys.stderr,
+            )
+            return USAGE
+        print(f"jobq: warning: no handler for {job.job_type!r} in {where}", file=sys.stderr)
     enqueued = await store.enqueue(job)
     if enqueued.duplicate:
         text = f"job {enqueued.id}: an identical job is queued already (duplicate)"
@@ -150,13 +160,18 @@ async def jobs_show(args: argparse.Namespace, settings: Settings) -> int:
 async def jobs_cancel(args: argparse.Namespace, settings: Settings) -> int:
     """Cancel a job whatever its state (`control.cancel`). Raises: `NotFound`, `Conflict`."""
     async with db.transaction() as conn:
-        state = await cancel(conn, args.id, now=clock.now(), retain=settings.retain)
-    audit("job.cancel", f"job:{args.id}")
-    if state is JobState.RUNNING:
+        state, already = await cancel(conn, args.id, now=clock.now(), retain=settings.retain)
+    if already:  # nothing changed: nothing to audit
+        text = f"job {args.id} was cancelled already"
+        if state is JobState.RUNNING:
+            text += " (it is running: its worker was told, and it ends cancelled)"
+    elif state is JobState.RUNNING:
+        audit("job.cancel", f"job:{args.id}")
         text = f"job {args.id} is running: its worker was told, and it ends cancelled"
     else:
+        audit("job.cancel", f"job:{args.id}")
         text = f"job {args.id} cancelled"
-    emit(args, {"id": args.id, "state": state}, text)
+    emit(args, {"id": args.id, "state": state, "already_cancelled": already}, text)
     return OK
 
 

@@ -3,10 +3,13 @@ database's health, as server-rendered pages for a person, refreshed live by a sm
 
 `jobq.dashboard.session`: who may look (the admin token: a login form and a session cookie,
 or `Authorization: Bearer`) and the CSRF protection of its actions. `jobq.dashboard.views`: the
-pages and actions, over the engine's verbs (`jobq.queue.store`, `control`, `dead`,
-`schedule`). `jobq.dashboard.format`: the numbers and times as people read them.
+frame and the overview (with its charts' data, `jobq.queue.history`); `jobq.dashboard.lists`:
+the job search and the dead letter with their actions, over the engine's verbs
+(`jobq.queue.store`, `control`, `dead`, `schedule`). `jobq.dashboard.format`: the numbers
+and times as people read them.
 """
 
+from jobq.dashboard import lists
 from jobq.dashboard.views import bp
 
-__all__ = ["bp"]
+__all__ = ["bp", "lists"]

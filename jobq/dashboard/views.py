@@ -1,9 +1,9 @@
-"""The dashboard's pages and actions (see `jobq.dashboard`).
+"""The dashboard's frame and overview (see `jobq.dashboard`; the job lists are
+`jobq.dashboard.lists`).
 
-Pages (GET): `/dashboard` (queues, workers, schedules, the database's health), `/dashboard/jobs`
-(the job search), `/dashboard/jobs/<id>` (a job: attempts, errors, result), `/dashboard/dead`
-(the dead letter). Actions (POST, then a 303 back to the page): pause and resume a queue, retry
-and discard dead jobs (one, or those ticked), retry a failed job, cancel a job, log out.
+Pages (GET): `/dashboard` (queues, their charts, workers, schedules, the database's health),
+`/dashboard/history` (the charts' data, JSON), the login form. Actions (POST, then a 303 back
+to the page): pause and resume a queue, log in, log out.
 Each page renders whole; `dashboard.js` fetches it again every few seconds and swaps its
 `data-live` parts, so the pages work without the script, only without the live refresh.
 """
@@ -11,24 +11,22 @@ Each page renders whole; `dashboard.js` fetches it again every few seconds and s
 from __future__ import annotations
 
 import functools
+import json
 import time
 from collections import deque
 from typing import Any
 
-import asyncpg
-from pydantic import ValidationError
 from quart import Blueprint, Response, current_app, g, render_template, request, url_for
 from quart_schema import hide
 
-from jobq import clock, db, statements
-from jobq.api.admin import JobsQuery
+from jobq import clock, db
 from jobq.api.audit import audit
 from jobq.config import Settings
 from jobq.dashboard import format, session
 from jobq.dashboard.format import FILTERS
-from jobq.errors import Conflict, NotFound
-from jobq.queue import control, dead, metrics, schedule, store
-from jobq.queue.control import JobState
+from jobq.errors import NotFound
+from jobq.queue import dead, history, metrics, schedule, sql, store
+from jobq.queue.history import Counts, rates
 
 bp = Blueprint(
     "dashboard",
@@ -44,13 +42,6 @@ PAGE_SIZE = 50
 
 NEXT_OCCURRENCES = 3
 """Occurrences shown per schedule."""
-
-RATE_EVENTS = ("enqueued", "succeeded", "failed")
-"""The events whose rates (jobs/s) the queues table shows (from `job_counter`)."""
-
-RATE_WINDOW_S = 60.0
-"""Rates are averaged over the readings of the last minute (at least `MIN_RATE_SPAN_S`)."""
-MIN_RATE_SPAN_S = 1.0
 
 MAX_DEPTH = metrics.LIVE_COUNT_MAX
 """The overview counts a queue's ripe and scheduled jobs up to this many (then says "more
@@ -91,8 +82,16 @@ def _settings() -> Settings:
     return settings
 
 
+MAX_DEAD_SHOWN = 9_999
+"""The menu counts the dead letter up to this many (then says "9,999+")."""
+
+
 async def _page(template: str, status: int = 200, **context: Any) -> Response:
     now = clock.now()
+    dead_count = None
+    if "dashboard_csrf" in g:  # logged in: the menu shows the dead letter's size
+        async with db.transaction(readonly=True) as conn:
+            dead_count = await sql.job_dead_count.fetchval(conn, max_count=MAX_DEAD_SHOWN)
     html = await render_template(
         f"dashboard/{template}",
         now=now,
@@ -100,6 +99,8 @@ async def _page(template: str, status: int = 200, **context: Any) -> Response:
         csrf=g.get("dashboard_csrf", ""),
         refresh_s=REFRESH_S,
         max_depth=MAX_DEPTH,
+        dead_count=dead_count,
+        max_dead_shown=MAX_DEAD_SHOWN,
         **context,
     )
     return Response(html, status=status, content_type="text/html; charset=utf-8")
@@ -155,33 +156,6 @@ async def logout() -> Response:
 # -- the overview: queues, workers, schedules, database ------------------------------------------
 
 
-Counts = dict[str, dict[str, int]]
-"""Cumulative event counts: `{queue: {event: count}}` (`metrics.event_counts`)."""
-
-
-def rates(
-    readings: deque[tuple[float, Counts]], now_s: float, counts: Counts
-) -> dict[str, dict[str, float]]:
-    """Jobs/s per queue and event (`RATE_EVENTS`): the change of the cumulative `counts` since
-    the oldest of `readings` (monotonic seconds, counts) within `RATE_WINDOW_S` of `now_s`,
-    over that interval; empty until that interval is `MIN_RATE_SPAN_S` long. `readings` is
-    updated: older ones dropped, this one kept when `MIN_RATE_SPAN_S` after the last."""
-    while readings and now_s - readings[0][0] > RATE_WINDOW_S:
-        readings.popleft()
-    if not readings or now_s - readings[-1][0] >= MIN_RATE_SPAN_S:
-        readings.append((now_s, counts))
-    then, old = readings[0]
-    if now_s - then < MIN_RATE_SPAN_S:
-        return {}
-    return {
-        queue: {
-            event: max(0, events.get(event, 0) - old.get(queue, {}).get(event, 0)) / (now_s - then)
-            for event in RATE_EVENTS
-        }
-        for queue, events in counts.items()
-    }
-
-
 def _readings() -> deque[tuple[float, Counts]]:
     """This process's recent readings of the counts (the rates' memory)."""
     found: deque[tuple[float, Counts]] = current_app.extensions.setdefault(
@@ -194,12 +168,14 @@ def _readings() -> deque[tuple[float, Counts]]:
 @hide
 @session.login_only
 async def overview() -> Response:
-    """Queues (depth, rates, running, limits; pause and resume), workers, schedules with their
-    next occurrences, and the database's health."""
+    """Queues (depth, held back and why, rates, running, limits; pause and resume), their
+    charts (drawn by `charts.js` from `/dashboard/history`), workers, schedules with their next
+    occurrences, and the database's health."""
     settings = _settings()
     now = clock.now()
     async with db.transaction(readonly=True) as conn:
         queues = await store.list_queues(conn, now=now, max_count=MAX_DEPTH + 1)
+        holds = {r["queue"]: dict(r) for r in await sql.job_queue_holds.fetch(conn, now=now)}
         counts = await metrics.event_counts(conn)
         workers = await dead.list_workers(conn, now=now, heartbeat_grace=settings.heartbeat_grace)
         schedules = await schedule.read_schedules(conn)
@@ -210,7 +186,9 @@ async def overview() -> Response:
     return await _page(
         "overview.html",
         queues=queues,
+        holds=holds,
         rates=rates(_readings(), time.monotonic(), counts),
+        windows=list(history.WINDOWS),
         workers=workers,
         schedules=schedules,
         oldest_transaction_s=vacuum["oldest_transaction_s"],
@@ -231,155 +209,15 @@ async def pause_queue(name: str, verb: str) -> Response:
     return _back("dashboard.overview", done=f"{name}: {verb}d", _anchor="queues")
 
 
-# -- jobs -------------------------------------------------------------------------------------
-
-
-SEARCH_TIMEOUT_MS = 3000
-"""The longest a job search may take: a search for a type or queue that only a few of millions
-of finished jobs have walks `job_done` by id, and is cut off then, saying so."""
-
-
-async def _search_page(
-    status: int,
-    error: str | None,
-    query: dict[str, str],
-    found: list[control.JobView] = [],  # noqa: B006 (never mutated)
-    next_after: int | None = None,
-) -> Response:
-    return await _page(
-        "jobs.html",
-        status=status,
-        error=error,
-        query=query,
-        jobs=found,
-        next_after=next_after,
-        states=list(JobState),
-    )
-
-
-@bp.get("/jobs")
+@bp.get("/history")
 @hide
 @session.login_only
-async def jobs() -> Response:
-    """The job search: by id (straight to the job), or by queue, type and state, newest first,
-    `PAGE_SIZE` at a time (`after`: the last id of the page before). 400 for a malformed
-    search; 503 when it takes longer than `SEARCH_TIMEOUT_MS` (it is cancelled)."""
-    args = {k: v.strip() for k, v in request.args.items() if v.strip()}
-    job_id = args.pop("id", None)
-    if job_id is not None:
-        if not job_id.isdigit() or int(job_id) >= 2**63:
-            return await _search_page(400, "An id is a whole number.", {})
-        return _back("dashboard.job", job_id=int(job_id))
-    try:
-        query = JobsQuery.model_validate({**args, "limit": PAGE_SIZE})
-    except ValidationError as exc:
-        fields = ", ".join(str(e["loc"][0]) for e in exc.errors())
-        return await _search_page(400, f"Not a valid search ({fields}).", args)
-    try:
-        async with db.transaction(readonly=True) as conn:
-            await statements.setting_local.execute(
-                conn, setting="statement_timeout", value=str(SEARCH_TIMEOUT_MS)
-            )
-            found = await control.list_jobs(
-                conn,
-                now=clock.now(),
-                limit=PAGE_SIZE,
-                after=query.after,
-                queue=query.queue,
-                job_type=query.job_type,
-                state=query.state,
-            )
-    except asyncpg.QueryCanceledError:
-        error = (
-            f"The search took longer than {SEARCH_TIMEOUT_MS / 1000:g} s and was stopped:"
-            " few jobs match among many. Narrow it with a state."
-        )
-        return await _search_page(503, error, args)
-    next_after = found[-1].id if len(found) == PAGE_SIZE else None
-    return await _search_page(200, None, args, found, next_after)
-
-
-@bp.get("/jobs/<int:job_id>")
-@hide
-@session.login_only
-async def job(job_id: int) -> Response:
-    """One job wherever it is: its state, arguments, attempts with their errors, its result."""
+async def history_data() -> Response:
+    """The charts' data, JSON (`history.series`): `?window=1h` (default) or `24h`. 400 for
+    another window."""
+    window = request.args.get("window", "1h")
+    if window not in history.WINDOWS:
+        return Response('{"error": "window is 1h or 24h"}', 400, content_type="application/json")
     async with db.transaction(readonly=True) as conn:
-        found = await control.find(conn, job_id, now=clock.now())
-    if found is None:
-        return await _page("job.html", status=404, job=None, job_id=job_id, done=None)
-    return await _page("job.html", job=found, job_id=job_id, done=request.args.get("done"))
-
-
-@bp.post("/jobs/<int:job_id>/<any(retry, cancel):verb>")
-@hide
-@session.login_only
-async def job_action(job_id: int, verb: str) -> Response:
-    """Retry a failed job (back to the queue, attempts 0), or cancel a job; when its state
-    does not allow it, the page says why."""
-    now = clock.now()
-    try:
-        async with db.transaction() as conn:
-            if verb == "retry":
-                await dead.retry(conn, job_id, now=now)
-            else:
-                await control.cancel(conn, job_id, now=now, retain=_settings().retain)
-    except (Conflict, NotFound) as exc:
-        return _back("dashboard.job", job_id=job_id, done=f"not done: {exc.message}")
-    audit("dead_job.retry" if verb == "retry" else "job.cancel", f"job:{job_id}")
-    return _back("dashboard.job", job_id=job_id, done="retried" if verb == "retry" else "cancelled")
-
-
-# -- the dead letter --------------------------------------------------------------------------
-
-
-@bp.get("/dead")
-@hide
-@session.login_only
-async def dead_letter() -> Response:
-    """The dead letter, newest first, `PAGE_SIZE` at a time, each job with retry and discard,
-    and the ticked ones in bulk."""
-    after = request.args.get("after", "")
-    after_id = int(after) if after.isdigit() and int(after) < 2**63 else None
-    async with db.transaction(readonly=True) as conn:
-        rows = await dead.list_dead(conn, limit=PAGE_SIZE, after=after_id)
-    return await _page(
-        "dead.html",
-        jobs=rows,
-        next_after=rows[-1]["id"] if len(rows) == PAGE_SIZE else None,
-        done=request.args.get("done"),
-    )
-
-
-@bp.post("/dead")
-@hide
-@session.login_only
-async def dead_action() -> Response:
-    """Retry or discard dead jobs: one (`retry=<id>` or `discard=<id>`), or those ticked
-    (`action=retry|discard`, `id=<id>` each). Each job in its own transaction; one whose twin
-    is queued (retry) or that is gone already is counted apart."""
-    form = await request.form
-    if "retry" in form or "discard" in form:
-        verb = "retry" if "retry" in form else "discard"
-        ids = [form[verb]]
-    else:
-        verb = form.get("action", "")
-        ids = form.getlist("id")
-    if verb not in ("retry", "discard") or not ids or not all(i.isdigit() for i in ids):
-        raise Conflict("tick at least one dead job, then press retry or discard")
-    done, skipped = 0, 0
-    for job_id in sorted({int(i) for i in ids if int(i) < 2**63}):
-        try:
-            async with db.transaction() as conn:
-                if verb == "retry":
-                    await dead.retry(conn, job_id, now=clock.now())
-                else:
-                    await dead.discard(conn, job_id)
-            audit(f"dead_job.{verb}", f"job:{job_id}")
-            done += 1
-        except (Conflict, NotFound):
-            skipped += 1
-    message = f"{verb}: {done} job{'s' * (done != 1)}"
-    if skipped:
-        message += f"; {skipped} left (an identical job is queued, or gone already)"
-    return _back("dashboard.dead_letter", done=message)
+        data = await history.series(conn, now=clock.now(), window=window)
+    return Response(json.dumps(data), content_type="application/json")

@@ -82,12 +82,14 @@ class NewReminder(BaseModel):
 
 class ReminderStatus(StrEnum):
     """Where a reminder's delivery stands: `scheduled` (queued, running, or waiting for a
-    retry), `sent`, or `failed` (retries exhausted); a recurring one is `active`, `paused` or
-    `ended` (no occurrence to come)."""
+    retry), `sent`, `failed` (retries exhausted, or its job discarded: `last_error` says why)
+    or `cancelled` (its job was cancelled, by an admin); a recurring one is `active`, `paused`
+    or `ended` (no occurrence to come)."""
 
     SCHEDULED = "scheduled"
     SENT = "sent"
     FAILED = "failed"
+    CANCELLED = "cancelled"
     ACTIVE = "active"
     PAUSED = "paused"
     ENDED = "ended"
@@ -110,7 +112,11 @@ class Reminder(BaseModel):
     next_occurrences: list[AwareDatetime] = Field(
         default_factory=list, description="the next five (recurring, not paused)"
     )
-    deliveries: int = Field(default=0, description="occurrences delivered (recurring)")
+    deliveries: int = Field(
+        default=0,
+        description="deliveries made: 1 once a one-off reminder is sent; a recurring one's "
+        "occurrences delivered",
+    )
     last_occurrence_at: AwareDatetime | None = None
 
 
@@ -158,6 +164,10 @@ async def _reminders(conn: db.Connection, rows: Sequence[Any]) -> list[Reminder]
     ]
 
 
+GONE = "its delivery job is gone (discarded from the dead letter, or pruned) before it was sent"
+"""The `last_error` of a one-off reminder whose job no table holds any more."""
+
+
 def _waiting(job: control.JobStatus | None) -> bool:
     """Whether `job` (None: the queue holds it no more) may still deliver its reminder."""
     return job is not None and job.state in (JobState.QUEUED, JobState.RUNNING)
@@ -184,17 +194,22 @@ def _reminder(
             upcoming = recurrence.occurrences(values["remind_at"], after, 5)
     elif values["sent_at"] is not None:
         status = ReminderStatus.SENT
-    elif not _waiting(job):  # dead, cancelled, or gone (discarded, pruned)
+    elif job is not None and job.state is JobState.CANCELLED:
+        status = ReminderStatus.CANCELLED
+    elif not _waiting(job):  # dead, or gone (discarded from the dead letter, pruned)
         status = ReminderStatus.FAILED
     else:
         status = ReminderStatus.SCHEDULED
     if values["sent_at"] is None:
         values["attempts"] = 0 if job is None else job.attempts
+    last_error = None if job is None else job.last_error
+    if status is ReminderStatus.FAILED and last_error is None:
+        last_error = GONE if job is None else "its delivery job failed with no error recorded"
     return Reminder.model_validate(
         values
         | {
             "status": status,
-            "last_error": None if job is None else job.last_error,
+            "last_error": last_error,
             "recurrence": recurrence,
             "next_occurrences": upcoming,
         }

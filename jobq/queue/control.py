@@ -20,10 +20,10 @@ import weakref
 from collections.abc import Collection
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 import asyncpg
-from pydantic import AwareDatetime, BaseModel, Field
+from pydantic import AwareDatetime, BaseModel, Field, WithJsonSchema
 
 from jobq import clock, db
 from jobq.db import Connection, Database, current_database
@@ -65,6 +65,19 @@ class FailedAttempt(BaseModel):
     failed_at: AwareDatetime
 
 
+Arguments = Annotated[
+    dict[str, Any],
+    WithJsonSchema(
+        {
+            "description": "the job's arguments: a JSON object, its keys those of its job type",
+            "additionalProperties": True,
+        }
+    ),
+]
+"""A job's arguments. Documented without `"type": "object"`: a generated client then gives
+them as the JSON object itself (a dict), not as an empty model of its own per use."""
+
+
 class JobView(BaseModel):
     """A job as it is now. Times are aware UTC datetimes; null where they do not apply."""
 
@@ -72,14 +85,17 @@ class JobView(BaseModel):
     job_type: str
     queue: str
     state: JobState
-    arguments: dict[str, Any]
+    arguments: Arguments
     priority: int | None = Field(description="null once finished")
     attempts: int = Field(description="attempts started, the one running included")
     max_retries: int | None = Field(description="null once finished")
     last_error: str | None = Field(description="the last failed attempt's error")
     created_at: AwareDatetime
     ripe_at: AwareDatetime | None = Field(description="when it may run (queued or running)")
-    started_at: AwareDatetime | None = Field(description="when its running attempt was claimed")
+    started_at: AwareDatetime | None = Field(
+        description="when its running attempt (finished: its last attempt) was claimed; null "
+        "when it never ran. Its run time: finished_at - started_at"
+    )
     finished_at: AwareDatetime | None
     cancelled_at: AwareDatetime | None = Field(
         description="when it was cancelled (a running job then ends cancelled)"
@@ -144,9 +160,12 @@ async def list_jobs(
     queue: str | None = None,
     job_type: str | None = None,
     state: JobState | None = None,
+    arguments: dict[str, Any] | None = None,
 ) -> list[JobView]:
     """Return up to `limit` jobs with ids below `after` (None: from the newest), newest (highest
-    id) first, of `queue`, `job_type` and `state` (None: any), as they are at `now`."""
+    id) first, of `queue`, `job_type` and `state`, whose arguments contain `arguments` (JSON
+    containment, `@>`; each None: any), as they are at `now`. No index serves `arguments`:
+    the tables are walked by id until a page is found (callers bound the time)."""
     rows = await sql.job_list.fetch(
         conn,
         now=now,
@@ -155,32 +174,41 @@ async def list_jobs(
         queue=queue,
         job_type=job_type,
         state=None if state is None else str(state),
+        arguments=arguments,
     )
     return [JobView.model_validate(dict(r)) for r in rows]
 
 
-async def cancel(conn: Connection, job_id: int, *, now: datetime, retain: bool) -> JobState:
+class Cancel(NamedTuple):
+    """What a cancel did: the job's state after it (`CANCELLED`, or `RUNNING` while its worker
+    stops it), and whether it was cancelled already (then the cancel changed nothing)."""
+
+    state: JobState
+    already: bool
+
+
+async def cancel(conn: Connection, job_id: int, *, now: datetime, retain: bool) -> Cancel:
     """Cancel job `job_id` whatever its state, in the caller's transaction (or alone).
 
     Queued or scheduled: it leaves the queue and ends `cancelled` (kept in `job_done` when
     `retain`). Running: it is marked, and its worker is told after the commit; it ends
     `cancelled` when its worker records any outcome (or the rescue returns it), and never runs
-    again. Return `CANCELLED` or `RUNNING` (being cancelled); a cancel of a cancelled job
-    changes nothing. The metrics count the job `cancelled` once the cancel commits.
+    again. A cancel of a cancelled job (or of one being cancelled) changes nothing and says
+    so (`already`). The metrics count the job `cancelled` once the cancel commits.
     Raises: `NotFound`; `Conflict` when it succeeded or failed already.
     """
     for _ in range(_LOOKS):
         row = await sql.job_cancel.fetchrow(conn, job_id=job_id, now=now, retain=retain)
         if row["queued"] or row["running"]:
             metrics.count_after_commit([(row["queue"], row["job_type"])], "cancelled")
-            return JobState.CANCELLED if row["queued"] else JobState.RUNNING
+            return Cancel(JobState.CANCELLED if row["queued"] else JobState.RUNNING, False)
         job = await find(conn, job_id, now=now)
         if job is None:
             continue  # gone, or moved to job_done after the cancel's snapshot: look again
         if job.state is JobState.CANCELLED:
-            return job.state
+            return Cancel(job.state, True)
         if job.state is JobState.RUNNING and job.cancelled_at is not None:
-            return job.state
+            return Cancel(job.state, True)
         if job.state.finished:
             raise Conflict(f"the job has {job.state} already", job_id=job_id, state=job.state)
         # queued or running, moved after the cancel's snapshot: look again

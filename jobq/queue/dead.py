@@ -7,7 +7,7 @@ transaction.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from jobq.db import Connection
 from jobq.errors import Conflict, NotFound
@@ -16,10 +16,34 @@ from jobq.queue import sql, wakeup
 MAX_TRIES = 3
 
 
-async def list_dead(conn: Connection, *, limit: int, after: int | None) -> list[dict[str, Any]]:
+async def list_dead(
+    conn: Connection, *, limit: int, after: int | None, where: DeadFilter | None = None
+) -> list[dict[str, Any]]:
     """Return up to `limit` dead jobs, newest (highest id) first; with `after`, those whose id
-    is lower than `after` (the last id of the previous page)."""
-    return [dict(r) for r in await sql.job_dead_list.fetch(conn, limit=limit, after=after)]
+    is lower than `after` (the last id of the previous page); those `where` matches."""
+    rows = await sql.job_dead_list.fetch(
+        conn, limit=limit, after=after, **(where or DeadFilter())._asdict()
+    )
+    return [dict(r) for r in rows]
+
+
+class DeadFilter(NamedTuple):
+    """Which dead jobs: of `queue`, of `job_type`, whose last error contains `error`, whose
+    arguments contain `arguments` (JSON containment); None: any."""
+
+    queue: str | None = None
+    job_type: str | None = None
+    error: str | None = None
+    arguments: dict[str, Any] | None = None
+
+
+async def matching(
+    conn: Connection, where: DeadFilter, *, limit: int, after: int | None = None
+) -> list[int]:
+    """Return the ids of up to `limit` dead jobs `where` matches, below `after` (None: from the
+    newest), newest first: a batch of a bulk retry or discard."""
+    rows = await sql.job_dead_matching.fetch(conn, limit=limit, after=after, **where._asdict())
+    return [r["id"] for r in rows]
 
 
 async def retry(conn: Connection, job_id: int, *, now: datetime) -> dict[str, Any]:

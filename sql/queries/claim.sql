@@ -13,15 +13,16 @@ WITH completed AS (
     -- 1. the succeeded jobs leave job_running (fenced by their tokens) ...
     DELETE FROM job_running WHERE token = ANY(:completed::bigint[])
     RETURNING token, id, job_type, queue, arguments, attempts, last_error, created_at, awaited,
-              cancelled_at
+              cancelled_at, claimed_at
 ), succeeded AS (
     -- ... for job_done, with their results
     INSERT INTO job_done (id, job_type, queue, arguments, state, attempts, last_error, result,
-                          created_at, finished_at)
+                          created_at, finished_at, started_at)
     SELECT c.id, c.job_type, c.queue, c.arguments,
            CASE WHEN c.cancelled_at IS NULL THEN 'succeeded' ELSE 'cancelled' END,
            c.attempts + 1, c.last_error,
-           CASE WHEN c.cancelled_at IS NULL THEN u.result::jsonb END, c.created_at, :now
+           CASE WHEN c.cancelled_at IS NULL THEN u.result::jsonb END, c.created_at, :now,
+           c.claimed_at
     FROM completed AS c
     JOIN unnest(:completed::bigint[], :results::text[]) AS u(token, result) USING (token)
     WHERE :retain::boolean

@@ -50,12 +50,12 @@ UNION ALL
  WHERE id = :job_id )
 UNION ALL
 (SELECT id, job_type, queue, 'failed', arguments, priority, attempts, max_retries, last_error,
-        created_at, NULL, NULL, died_at, NULL, NULL
+        created_at, NULL, started_at, died_at, NULL, NULL
  FROM job_dead
  WHERE id = :job_id )
 UNION ALL
 (SELECT id, job_type, queue, state, arguments, NULL, attempts, NULL, last_error, created_at,
-        NULL, NULL, finished_at, CASE WHEN state = 'cancelled' THEN finished_at END, result
+        NULL, started_at, finished_at, CASE WHEN state = 'cancelled' THEN finished_at END, result
  FROM job_done
  WHERE id = :job_id )) AS j LIMIT 1;
 
@@ -67,7 +67,8 @@ ORDER BY failed_at, attempt;
 
 -- name: job_list
 -- A page of jobs, newest (highest id) first, below id :after (NULL: from the newest), of queue
--- :queue, type :job_type, state :state (each NULL: any). Each table gives its own page first,
+-- :queue, type :job_type, state :state, arguments containing :arguments (JSON containment, @>)
+-- (each NULL: any). Each table gives its own page first,
 -- through its index on id; a table that cannot hold :state is not read at all (the condition on
 -- the parameter alone is a one-time filter), so a search for failed jobs never walks job_done.
 SELECT * FROM (
@@ -75,22 +76,22 @@ SELECT * FROM (
         last_error, created_at, ripe_at, NULL::timestamptz AS started_at,
         NULL::timestamptz AS finished_at, NULL::timestamptz AS cancelled_at, NULL::jsonb AS result
  FROM job
- WHERE id < coalesce(:after::bigint, 9223372036854775807) AND (:queue::text IS NULL OR queue = :queue) AND (:job_type::text IS NULL OR job_type = :job_type) AND (:state::text IS NULL OR :state = ANY('{queued,scheduled}'::text[])) AND (:state::text IS NULL OR CASE WHEN ripe_at > :now THEN 'scheduled' ELSE 'queued' END = :state) ORDER BY id DESC LIMIT :limit)
+ WHERE id < coalesce(:after::bigint, 9223372036854775807) AND (:queue::text IS NULL OR queue = :queue) AND (:job_type::text IS NULL OR job_type = :job_type) AND (:arguments::jsonb IS NULL OR arguments @> :arguments) AND (:state::text IS NULL OR :state = ANY('{queued,scheduled}'::text[])) AND (:state::text IS NULL OR CASE WHEN ripe_at > :now THEN 'scheduled' ELSE 'queued' END = :state) ORDER BY id DESC LIMIT :limit)
 UNION ALL
 (SELECT id, job_type, queue, 'running', arguments, priority, attempts + 1, max_retries,
         last_error, created_at, ripe_at, claimed_at, NULL, cancelled_at, NULL
  FROM job_running
- WHERE id < coalesce(:after::bigint, 9223372036854775807) AND (:queue::text IS NULL OR queue = :queue) AND (:job_type::text IS NULL OR job_type = :job_type) AND (:state::text IS NULL OR :state = ANY('{running}'::text[])) AND (:state::text IS NULL OR 'running' = :state) ORDER BY id DESC LIMIT :limit)
+ WHERE id < coalesce(:after::bigint, 9223372036854775807) AND (:queue::text IS NULL OR queue = :queue) AND (:job_type::text IS NULL OR job_type = :job_type) AND (:arguments::jsonb IS NULL OR arguments @> :arguments) AND (:state::text IS NULL OR :state = ANY('{running}'::text[])) AND (:state::text IS NULL OR 'running' = :state) ORDER BY id DESC LIMIT :limit)
 UNION ALL
 (SELECT id, job_type, queue, 'failed', arguments, priority, attempts, max_retries, last_error,
-        created_at, NULL, NULL, died_at, NULL, NULL
+        created_at, NULL, started_at, died_at, NULL, NULL
  FROM job_dead
- WHERE id < coalesce(:after::bigint, 9223372036854775807) AND (:queue::text IS NULL OR queue = :queue) AND (:job_type::text IS NULL OR job_type = :job_type) AND (:state::text IS NULL OR :state = ANY('{failed}'::text[])) AND (:state::text IS NULL OR 'failed' = :state) ORDER BY id DESC LIMIT :limit)
+ WHERE id < coalesce(:after::bigint, 9223372036854775807) AND (:queue::text IS NULL OR queue = :queue) AND (:job_type::text IS NULL OR job_type = :job_type) AND (:arguments::jsonb IS NULL OR arguments @> :arguments) AND (:state::text IS NULL OR :state = ANY('{failed}'::text[])) AND (:state::text IS NULL OR 'failed' = :state) ORDER BY id DESC LIMIT :limit)
 UNION ALL
 (SELECT id, job_type, queue, state, arguments, NULL, attempts, NULL, last_error, created_at,
-        NULL, NULL, finished_at, CASE WHEN state = 'cancelled' THEN finished_at END, result
+        NULL, started_at, finished_at, CASE WHEN state = 'cancelled' THEN finished_at END, result
  FROM job_done
- WHERE id < coalesce(:after::bigint, 9223372036854775807) AND (:queue::text IS NULL OR queue = :queue) AND (:job_type::text IS NULL OR job_type = :job_type) AND (:state::text IS NULL OR :state = ANY('{succeeded,cancelled}'::text[])) AND (:state::text IS NULL OR state = :state) ORDER BY id DESC LIMIT :limit)) AS j
+ WHERE id < coalesce(:after::bigint, 9223372036854775807) AND (:queue::text IS NULL OR queue = :queue) AND (:job_type::text IS NULL OR job_type = :job_type) AND (:arguments::jsonb IS NULL OR arguments @> :arguments) AND (:state::text IS NULL OR :state = ANY('{succeeded,cancelled}'::text[])) AND (:state::text IS NULL OR state = :state) ORDER BY id DESC LIMIT :limit)) AS j
 ORDER BY id DESC
 LIMIT :limit;
 

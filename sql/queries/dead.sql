@@ -1,7 +1,13 @@
 -- name: job_dead_list
--- :after: list ids below this one (NULL: from the newest). Newest (highest id) first.
+-- :after: list ids below this one (NULL: from the newest). Newest (highest id) first. Of queue
+-- :queue, type :job_type, whose last error contains :error and whose arguments contain
+-- :arguments (each NULL: any).
 SELECT id, job_type, arguments, priority, attempts, max_retries, last_error, created_at, died_at, queue, concurrency_key FROM job_dead
 WHERE id < coalesce(:after::bigint, 9223372036854775807)
+  AND (:queue::text IS NULL OR queue = :queue)
+  AND (:job_type::text IS NULL OR job_type = :job_type)
+  AND (:error::text IS NULL OR strpos(last_error, :error) > 0)
+  AND (:arguments::jsonb IS NULL OR arguments @> :arguments)
 ORDER BY id DESC
 LIMIT :limit;
 

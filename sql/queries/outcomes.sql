@@ -3,11 +3,11 @@ WITH
 completed AS (
     DELETE FROM job_running WHERE token = ANY(:completed::bigint[])
     RETURNING token, id, job_type, queue, arguments, attempts, last_error, created_at, awaited,
-              cancelled_at
+              cancelled_at, claimed_at
 ), succeeded AS (
-    INSERT INTO job_done (id, job_type, queue, arguments, state, attempts, last_error, result, created_at, finished_at)
+    INSERT INTO job_done (id, job_type, queue, arguments, state, attempts, last_error, result, created_at, finished_at, started_at)
     SELECT s.id, s.job_type, s.queue, s.arguments, CASE WHEN s.cancelled_at IS NULL THEN 'succeeded' ELSE 'cancelled' END, s.attempts + 1, s.last_error, CASE WHEN s.cancelled_at IS NULL THEN s.result::jsonb END,
-           s.created_at, :now::timestamptz
+           s.created_at, :now::timestamptz, s.claimed_at
     FROM (SELECT c.*, u.result FROM completed AS c JOIN unnest(:completed::bigint[], :results::text[]) AS u(token, result) USING (token)) AS s
     WHERE :retain::boolean
 ), failed AS (
@@ -23,14 +23,15 @@ completed AS (
               r.attempts + u.charge AS next_attempts, r.max_retries,
               coalesce(u.error, r.last_error) AS next_error, r.created_at, r.queue,
               r.concurrency_key, r.attempts, r.awaited, r.cancelled_at, r.unique_mode,
-              r.unique_key, r.worker_id, u.charge, u.error AS attempt_error, u.traceback
+              r.unique_key, r.worker_id, u.charge, u.error AS attempt_error, u.traceback,
+              r.claimed_at
 ),
 live AS (
     SELECT * FROM failed WHERE cancelled_at IS NULL
 ), cancelled AS (
-    INSERT INTO job_done (id, job_type, queue, arguments, state, attempts, last_error, result, created_at, finished_at)
+    INSERT INTO job_done (id, job_type, queue, arguments, state, attempts, last_error, result, created_at, finished_at, started_at)
     SELECT s.id, s.job_type, s.queue, s.arguments, 'cancelled', s.attempts + 1, s.next_error, NULL,
-           s.created_at, :now::timestamptz
+           s.created_at, :now::timestamptz, s.claimed_at
     FROM (SELECT * FROM failed WHERE cancelled_at IS NOT NULL) AS s
     WHERE :retain::boolean
 ),
@@ -62,7 +63,7 @@ requeued AS (
     WHERE r.token = u.token
     RETURNING r.token, r.id, r.job_type, r.arguments, r.priority, r.attempts, r.max_retries,
               u.error, r.created_at, r.queue, r.concurrency_key, r.awaited, r.cancelled_at,
-              r.worker_id, u.traceback
+              r.worker_id, u.traceback, r.claimed_at
 ), attempted AS (
     INSERT INTO job_attempt (job_id, attempt, worker_id, error, traceback, failed_at)
     SELECT id, attempts + 1, worker_id, error, traceback, :now::timestamptz FROM (
@@ -72,14 +73,14 @@ requeued AS (
     ) AS a
     WHERE :retain::boolean
 ), dead AS (
-    INSERT INTO job_dead (id, job_type, arguments, priority, attempts, max_retries, last_error, created_at, died_at, queue, concurrency_key)
+    INSERT INTO job_dead (id, job_type, arguments, priority, attempts, max_retries, last_error, created_at, died_at, queue, concurrency_key, started_at)
     SELECT id, job_type, arguments, priority, attempts + 1, max_retries, error, created_at, :now,
-           queue, concurrency_key
+           queue, concurrency_key, claimed_at
     FROM buried WHERE cancelled_at IS NULL
 ), buried_cancelled AS (
-    INSERT INTO job_done (id, job_type, queue, arguments, state, attempts, last_error, result, created_at, finished_at)
+    INSERT INTO job_done (id, job_type, queue, arguments, state, attempts, last_error, result, created_at, finished_at, started_at)
     SELECT s.id, s.job_type, s.queue, s.arguments, 'cancelled', s.attempts + 1, s.error, NULL,
-           s.created_at, :now::timestamptz
+           s.created_at, :now::timestamptz, s.claimed_at
     FROM (SELECT * FROM buried WHERE cancelled_at IS NOT NULL) AS s
     WHERE :retain::boolean
 ), recorded AS (
@@ -102,7 +103,7 @@ WITH alive AS (
 ), lost AS (
     DELETE FROM job_running
     WHERE lease_expires_at < :now OR worker_id NOT IN (SELECT worker_id FROM alive)
-    RETURNING id, job_type, arguments, ripe_at, priority, attempts, max_retries, last_error, created_at, queue, concurrency_key, awaited, unique_mode, unique_key, cancelled_at, worker_id
+    RETURNING id, job_type, arguments, ripe_at, priority, attempts, max_retries, last_error, created_at, queue, concurrency_key, awaited, unique_mode, unique_key, cancelled_at, worker_id, claimed_at
 ), attempted AS (
     INSERT INTO job_attempt (job_id, attempt, worker_id, error, failed_at)
     SELECT id, attempts + 1, worker_id, :error, :now FROM lost WHERE :retain::boolean
@@ -112,9 +113,9 @@ WITH alive AS (
 live AS (
     SELECT * FROM retrying WHERE cancelled_at IS NULL
 ), cancelled AS (
-    INSERT INTO job_done (id, job_type, queue, arguments, state, attempts, last_error, result, created_at, finished_at)
+    INSERT INTO job_done (id, job_type, queue, arguments, state, attempts, last_error, result, created_at, finished_at, started_at)
     SELECT s.id, s.job_type, s.queue, s.arguments, 'cancelled', s.attempts + 1, :error::text, NULL,
-           s.created_at, :now::timestamptz
+           s.created_at, :now::timestamptz, s.claimed_at
     FROM (SELECT * FROM retrying WHERE cancelled_at IS NOT NULL) AS s
     WHERE :retain::boolean
 ),
@@ -140,9 +141,9 @@ requeued AS (
     FROM live AS s LEFT JOIN hastened AS h ON h.merged_id = s.id
     WHERE s.id NOT IN (SELECT id FROM requeued)
 ), buried AS (
-    INSERT INTO job_dead (id, job_type, arguments, priority, attempts, max_retries, last_error, created_at, died_at, queue, concurrency_key)
+    INSERT INTO job_dead (id, job_type, arguments, priority, attempts, max_retries, last_error, created_at, died_at, queue, concurrency_key, started_at)
     SELECT id, job_type, arguments, priority, attempts + 1, max_retries, :error, created_at, :now,
-           queue, concurrency_key
+           queue, concurrency_key, claimed_at
     FROM lost WHERE attempts >= max_retries AND cancelled_at IS NULL
 ), gone AS (
     DELETE FROM worker WHERE id NOT IN (SELECT worker_id FROM alive)

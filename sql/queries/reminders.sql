@@ -77,8 +77,8 @@ WHERE id = :reminder_id AND (last_occurrence_at IS NULL OR last_occurrence_at < 
 RETURNING id;
 
 -- name: reminder_sent
--- Mark reminder :reminder_id sent at :now after :attempts attempts, once; returns its id, or no
--- row (sent already, or gone).
-UPDATE reminders SET sent_at = :now, attempts = :attempts
+-- Mark reminder :reminder_id sent at :now after :attempts attempts (one delivery), once; returns
+-- its id, or no row (sent already, or gone).
+UPDATE reminders SET sent_at = :now, attempts = :attempts, deliveries = deliveries + 1
 WHERE id = :reminder_id AND sent_at IS NULL
 RETURNING id;

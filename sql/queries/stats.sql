@@ -52,14 +52,18 @@ ORDER BY relname;
 -- name: job_stats_sizes
 -- Each queue table, its partitions summed: on-disk size (bytes: heap, indexes and TOAST), live and
 -- dead rows and last autovacuum (as the statistics last saw them), from the catalog and the
--- statistics alone (cheap whatever their size).
+-- statistics alone (cheap whatever their size). pg_partition_tree gives a partitioned table and
+-- its partitions, and no row for a plain table: the table itself is added (UNION: once).
 SELECT t.name AS table,
        sum(pg_total_relation_size(p.relid))::bigint AS total_bytes,
        sum(s.n_live_tup)::bigint AS n_live_tup,
        sum(s.n_dead_tup)::bigint AS n_dead_tup,
        max(s.last_autovacuum) AS last_autovacuum_at
 FROM unnest(ARRAY['job', 'job_running', 'job_dead', 'job_done', 'job_attempt']) AS t(name)
-CROSS JOIN LATERAL pg_partition_tree(to_regclass(t.name)) AS p
+CROSS JOIN LATERAL (
+    SELECT relid FROM pg_partition_tree(to_regclass(t.name))
+    UNION SELECT to_regclass(t.name)
+) AS p
 LEFT JOIN pg_stat_user_tables AS s ON s.relid = p.relid
 WHERE to_regclass(t.name) IS NOT NULL
 GROUP BY t.name

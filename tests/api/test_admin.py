@@ -19,6 +19,7 @@ from quart.typing import TestClientProtocol as Client
 
 from jobq.config import Settings
 from jobq.db import Connection
+from jobq.domain import reminders
 from jobq.queue import Job, JobContext, Registry, Worker, enqueue
 from jobq.queue.model import DEFAULT_MAX_RETRIES
 from tests.api.conftest import ADMIN, ADMIN_TOKEN, RunJobs
@@ -470,12 +471,16 @@ async def test_openapi_documents_the_admin_endpoints_with_their_security(client:
 
 
 async def test_openapi_documents_every_error_with_the_error_body(client: Client) -> None:
-    """Every operation documents 405, 413, 500 and 503, and each error is the `{"error",
-    "detail"}` body; the user-scoped operations need a user's key, the others none."""
+    """Every operation documents 405, 413, 500 and 503, and each error is an `{"error",
+    "detail"}` body, of the model of its status; the user-scoped operations need a user's
+    key, the others none."""
     spec = await (await client.get("/openapi.json")).get_json()
-    error = spec["components"]["schemas"]["Error"]
-    assert set(error["required"]) == {"error", "detail"}
-    assert error["additionalProperties"] is False
+    models = {404: "NotFoundError", 409: "ConflictError", 422: "ValidationFailed"}
+    models |= {429: "RateLimited"}
+    for name in ("Error", *models.values()):
+        error = spec["components"]["schemas"][name]
+        assert set(error["required"]) == {"error", "detail"}, name
+        assert error["additionalProperties"] is False, name
     for path, item in spec["paths"].items():
         for method, operation in item.items():
             responses = operation["responses"]
@@ -483,7 +488,8 @@ async def test_openapi_documents_every_error_with_the_error_body(client: Client)
             for status, response in responses.items():
                 if int(status) >= 400:
                     schema = response["content"]["application/json"]["schema"]
-                    assert schema == {"$ref": "#/components/schemas/Error"}, (path, status)
+                    name = models.get(int(status), "Error")
+                    assert schema == {"$ref": f"#/components/schemas/{name}"}, (path, status)
             if path.startswith(("/users/", "/reminders/", "/exports/")):
                 assert operation["security"] == [{"api_key": []}], path
             elif not path.startswith(ADMIN_PATHS) and path != "/jobs":
@@ -522,4 +528,5 @@ async def test_a_reminder_whose_dead_job_is_discarded_stays_failed(
     assert (await get_json(client, f"/reminders/{reminder['id']}"))["status"] == "failed"
     response = await client.delete(f"/jobs/dead/{reminder['job_id']}", headers=ADMIN)
     assert response.status_code == 204
-    assert (await get_json(client, f"/reminders/{reminder['id']}"))["status"] == "failed"
+    gone = await get_json(client, f"/reminders/{reminder['id']}")
+    assert (gone["status"], gone["last_error"]) == ("failed", reminders.GONE)  # it says why

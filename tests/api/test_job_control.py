@@ -4,6 +4,7 @@ while it runs, and `GET /exports/<id>?wait=`, over HTTP with a real worker."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -95,7 +96,9 @@ async def test_wait_answers_when_the_job_finishes(client: Client, make_worker: M
     assert (await get_job(client, later.id, "?wait=0.2"))["state"] == "scheduled"
 
 
-async def test_cancel_over_http(client: Client, conn: Connection, make_worker: MakeWorker) -> None:
+async def test_cancel_over_http(
+    client: Client, conn: Connection, make_worker: MakeWorker, caplog: pytest.LogCaptureFixture
+) -> None:
     handlers = Registry()
 
     @handlers.handler("t", args=Args)
@@ -103,9 +106,20 @@ async def test_cancel_over_http(client: Client, conn: Connection, make_worker: M
         return None
 
     queued = await enqueue(Job(job_type="t", arguments={"n": 1}))
-    response = await client.post(f"/jobs/{queued.id}/cancel", headers=ADMIN)
-    assert response.status_code == 200
-    assert await response.get_json() == {"id": queued.id, "state": "cancelled"}
+    with caplog.at_level(logging.INFO, logger="jobq.audit"):
+        response = await client.post(f"/jobs/{queued.id}/cancel", headers=ADMIN)
+        assert response.status_code == 200
+        assert await response.get_json() == {
+            "id": queued.id,
+            "state": "cancelled",
+            "already_cancelled": False,
+        }
+        again = await client.post(f"/jobs/{queued.id}/cancel", headers=ADMIN)
+        assert again.status_code == 200
+        assert (await again.get_json())["already_cancelled"] is True
+    audited = [r.getMessage() for r in caplog.records if r.name == "jobq.audit"]
+    assert len(audited) == 1  # the second cancel changed nothing
+    assert "action=job.cancel" in audited[0]
     assert (await get_job(client, queued.id))["state"] == "cancelled"
 
     finished = await enqueue(Job(job_type="t", arguments={"n": 2}))
@@ -251,3 +265,12 @@ async def test_retry_puts_a_failed_job_back_and_refuses_the_others(
     assert response.status_code == 409
     assert_error(await response.get_json(), "conflict")
     assert (await client.post("/jobs/987654/retry", headers=ADMIN)).status_code == 404
+
+
+async def test_a_reminder_whose_job_an_admin_cancels_is_cancelled(client: Client) -> None:
+    user = await create_user(client)
+    reminder = await create_reminder(client, user["id"], message="hi", remind_in_seconds=60)
+    response = await client.post(f"/jobs/{reminder['job_id']}/cancel", headers=ADMIN)
+    assert response.status_code == 200
+    seen = await (await client.get(f"/reminders/{reminder['id']}")).get_json()
+    assert (seen["status"], seen["sent_at"], seen["deliveries"]) == ("cancelled", None, 0)

@@ -77,6 +77,7 @@ async def test_due_reminder_is_posted_signed_and_marked_sent(
     assert sent["status"] == "sent"
     assert datetime.fromisoformat(sent["sent_at"]) == DUE + timedelta(seconds=5)
     assert sent["attempts"] == 1
+    assert sent["deliveries"] == 1  # a one-off reminder's one delivery
     assert sent["last_error"] is None
     for table in ("job", "job_running", "job_dead"):
         assert await conn.fetchval(f"SELECT count(*) FROM {table}") == 0

@@ -79,7 +79,7 @@ async def cancel_some(
         if job_id in cancelled_at:
             continue
         try:
-            state = await control.cancel(conn, job_id, now=clock.now(), retain=True)
+            state = (await control.cancel(conn, job_id, now=clock.now(), retain=True)).state
         except Conflict:
             counts["refused"] += 1
             continue

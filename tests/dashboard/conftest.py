@@ -4,9 +4,10 @@ jobs)."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -16,9 +17,10 @@ from pydantic import BaseModel
 from jobq import db
 from jobq.app import create_app
 from jobq.config import Settings
-from jobq.db import Database
+from jobq.db import Connection, Database
 from jobq.queue import Job, JobContext, Registry, Worker, enqueue
 from jobq.queue.backoff import Backoff
+from jobq.queue.metrics import BOUNDS
 from tests.api.conftest import ADMIN, ADMIN_TOKEN
 from tests.conftest import make_settings
 from tests.toolkit.procs import eventually
@@ -135,3 +137,35 @@ async def fill(make_worker: MakeWorker, *, num_dead: int = 3) -> dict[str, list[
         for n in range(5)
     ]
     return {"succeeded": [report.id], "dead": dead, "queued": waiting}
+
+
+async def fill_history(conn: Connection, queues: tuple[str, ...] = ("mail", "reports")) -> None:
+    """Write an hour of `job_history` rows for `queues`, as the leader would have (a row a
+    minute, cumulative): a day's shape of traffic, a few failures, pickup lags of milliseconds
+    and run times of tenths of seconds."""
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    # in place of what a worker of the test, the leader, wrote already
+    await conn.execute("DELETE FROM job_history WHERE queue = ANY($1::text[])", list(queues))
+    for q, queue in enumerate(queues):
+        enqueued = succeeded = failed = 0
+        pickup = [0] * (len(BOUNDS) + 1)
+        run = [0] * (len(BOUNDS) + 1)
+        rows = []
+        for minute in range(61):
+            n = int(600 * (1.2 + math.sin(minute / 9 + q)) * (1 + q))
+            enqueued += n
+            succeeded += n - n // 40
+            failed += n // 40
+            pickup[2] += n // 2  # (2.5 ms, 5 ms]
+            pickup[4] += n // 2 - n // 10  # (10 ms, 25 ms]
+            pickup[6] += n // 10  # (50 ms, 100 ms]
+            run[7] += n // 2  # (0.1 s, 0.25 s]
+            run[8] += n // 2 - n // 20  # (0.25 s, 0.5 s]
+            run[9 + minute % 2] += n // 20
+            at = now - timedelta(minutes=60 - minute)
+            rows.append((queue, at, enqueued, succeeded, failed, list(pickup), list(run)))
+        await conn.executemany(
+            "INSERT INTO job_history (queue, at, enqueued, succeeded, failed, pickup_buckets,"
+            " run_buckets) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
+            rows,
+        )

@@ -23,7 +23,7 @@ from jobq.config import PROJECT_ROOT
 from jobq.db import Connection
 from jobq.queue import schedule
 from jobq.queue.recurrence import ScheduleSpec
-from tests.dashboard.conftest import ADMIN_TOKEN, MakeWorker, fill
+from tests.dashboard.conftest import ADMIN_TOKEN, MakeWorker, fill, fill_history
 
 CHROMIUM = shutil.which("chromium") or (
     "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
@@ -108,6 +108,7 @@ async def test_every_page_loads_without_console_errors_and_screenshots_are_taken
         ScheduleSpec(name="digest", job_type="mail.send", every_s=900, tz="Europe/Paris"),
     ]
     await schedule.declare(conn, specs, now=datetime.now(UTC))
+    await fill_history(conn)
     for path in (
         "/dashboard/",
         "/dashboard/jobs",
@@ -122,6 +123,7 @@ async def test_every_page_loads_without_console_errors_and_screenshots_are_taken
         await tab.wait_for_load_state("networkidle")
     await tab.goto("/dashboard/")
     await expect(tab.get_by_role("rowheader", name="mail", exact=True)).to_be_visible()
+    await expect(tab.locator("#chart-list canvas")).to_have_count(4)  # 2 queues, 2 charts each
     shots.mkdir(parents=True, exist_ok=True)
     await tab.screenshot(path=shots / "dashboard-1280x800.png")
     await tab.set_viewport_size({"width": 390, "height": 844})

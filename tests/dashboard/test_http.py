@@ -13,14 +13,14 @@ import pytest
 from freezegun import freeze_time
 
 from jobq.config import Settings
-from jobq.dashboard import views
+from jobq.dashboard import lists, views
 from jobq.dashboard.session import SESSION_MAX_AGE
-from jobq.dashboard.views import RATE_WINDOW_S, rates
 from jobq.db import Connection
 from jobq.queue import schedule
+from jobq.queue.history import RATE_WINDOW_S, rates
 from jobq.queue.recurrence import ScheduleSpec
 from tests.conftest import make_settings
-from tests.dashboard.conftest import ADMIN, ADMIN_TOKEN, MakeWorker, fill, log_in
+from tests.dashboard.conftest import ADMIN, ADMIN_TOKEN, MakeWorker, fill, fill_history, log_in
 
 PAGES = ("/dashboard/", "/dashboard/jobs", "/dashboard/dead", "/dashboard/jobs/1")
 
@@ -279,7 +279,7 @@ def test_rates_are_the_change_of_the_counts_over_the_last_minute() -> None:
 async def test_a_search_that_takes_too_long_is_stopped_and_says_so(
     http: httpx.AsyncClient, conn: Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(views, "SEARCH_TIMEOUT_MS", 200)
+    monkeypatch.setattr(lists, "SEARCH_TIMEOUT_MS", 200)
     async with conn.transaction():
         await conn.execute("LOCK TABLE job_done IN ACCESS EXCLUSIVE MODE")  # the search waits
         response = await http.get("/dashboard/jobs?job_type=rare", headers=ADMIN)
@@ -318,3 +318,40 @@ async def test_a_deep_queue_is_counted_up_to_a_cap(
     monkeypatch.setattr(views, "MAX_DEPTH", 5)
     page = (await http.get("/dashboard/", headers=ADMIN)).text
     assert 'data-label="ripe (jobs)">5<' in page
+
+
+async def test_the_database_panel_lists_every_queue_table(
+    http: httpx.AsyncClient, conn: Connection
+) -> None:
+    """Plain tables (`job`, `job_running`, `job_dead`) and partitioned ones (`job_done`,
+    `job_attempt`, their partitions summed) alike, each with its size."""
+    await conn.execute("ANALYZE job, job_running, job_dead, job_done, job_attempt")
+    page = (await http.get("/dashboard/", headers=ADMIN)).text
+    panel = page[page.index('id="database"') :]
+    for table in ("job", "job_attempt", "job_dead", "job_done", "job_running"):
+        assert f'<th scope="row"><code>{table}</code></th>' in panel, table
+    assert panel.count("KiB</td>") >= 5  # every table has indexes: a size of kibibytes
+
+
+async def test_the_history_answers_json_for_a_known_window(
+    http: httpx.AsyncClient, conn: Connection
+) -> None:
+    await fill_history(conn, ("mail",))
+    hour = await http.get("/dashboard/history?window=1h", headers=ADMIN)
+    assert hour.status_code == 200
+    [mail] = hour.json()["queues"]
+    assert len(mail["t"]) == 60
+    assert set(mail) >= {"enqueued", "succeeded", "failed", "pickup_p95", "run_p50"}
+    assert (await http.get("/dashboard/history?window=2h", headers=ADMIN)).status_code == 400
+    assert (await http.get("/dashboard/history")).status_code == 303  # to the login form
+
+
+@pytest.mark.parametrize("arguments", ["[1]", "{not json", "x" * 3000])
+async def test_a_search_by_arguments_takes_a_json_object(
+    http: httpx.AsyncClient, arguments: str
+) -> None:
+    response = await http.get("/dashboard/jobs", params={"arguments": arguments}, headers=ADMIN)
+    assert response.status_code == 400
+    assert "Not a valid search (arguments" in response.text
+    dead = await http.get("/dashboard/dead", params={"arguments": arguments}, headers=ADMIN)
+    assert dead.status_code == 400

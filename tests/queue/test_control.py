@@ -42,7 +42,7 @@ async def state_of(conn: Connection, job_id: int) -> JobState | None:
 
 
 async def cancel_now(conn: Connection, job_id: int) -> JobState:
-    return await cancel(conn, job_id, now=clock.now(), retain=True)
+    return (await cancel(conn, job_id, now=clock.now(), retain=True)).state
 
 
 # -- cancel ------------------------------------------------------------------------------------
@@ -520,3 +520,51 @@ async def test_with_retention_off_finished_jobs_are_not_kept(
     await worker.wait_idle()
     assert worker.counts["completed"] == 1
     assert await find(conn, created.id, now=clock.now()) is None
+
+
+async def test_a_finished_job_keeps_when_its_last_attempt_started(
+    conn: Connection, make_worker: MakeWorker
+) -> None:
+    """`started_at` of a succeeded job (recorded by the next claim, or by the completer) and of
+    a dead one: its last claim, so that finished_at - started_at is its run time; a job
+    cancelled before it ran has none."""
+    handlers = Registry()
+
+    @handlers.handler("ok", args=Args)
+    async def ok(args: Args, job: JobContext) -> None:
+        await asyncio.sleep(0.05)
+
+    @handlers.handler("bad", args=Args, max_retries=0)
+    async def bad(args: Args, job: JobContext) -> None:
+        raise RuntimeError("no")
+
+    good = await enqueue(Job(job_type="ok", arguments={"n": 1}))
+    dead = await enqueue(Job(job_type="bad", arguments={"n": 2}), handlers=handlers)
+    never = await enqueue(Job(job_type="ok", arguments={"n": 3}).runs_in(seconds=3600))
+    await cancel_now(conn, never.id)
+    worker = await make_worker(handlers)
+
+    async def finished() -> bool:
+        await worker.run_once()
+        await worker.wait_idle()
+        return {await state_of(conn, good.id), await state_of(conn, dead.id)} == {
+            JobState.SUCCEEDED,
+            JobState.FAILED,
+        }
+
+    await eventually(finished, within=30, what="both jobs finished")
+    seen = {j: await find(conn, j, now=clock.now()) for j in (good.id, dead.id, never.id)}
+    for job_id in (good.id, dead.id):
+        job = seen[job_id]
+        assert job is not None
+        assert job.started_at is not None
+        assert job.finished_at is not None
+        assert job.created_at <= job.started_at <= job.finished_at
+    good_job = seen[good.id]
+    assert good_job is not None
+    assert good_job.finished_at
+    assert good_job.started_at
+    assert (good_job.finished_at - good_job.started_at).total_seconds() >= 0.05
+    never_job = seen[never.id]
+    assert never_job is not None
+    assert never_job.started_at is None

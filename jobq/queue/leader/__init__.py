@@ -10,13 +10,15 @@ Each service has the one shape of `jobq.queue.service.Service` (`run_once()` ret
 - `rescue`: the jobs of dead or hung workers back to the queue (`rescue.rescuer`);
 - `prune`: retention of finished jobs, by day partitions and by rows (`prune.pruner`);
 - `schedules`: the schedules' occurrences enqueued, each once (`schedules.scheduler`);
-- `depth`: the queue depths counted for the metrics (`depth.depth_snapshot`).
+- `depth`: the queue depths counted for the metrics (`depth.depth_snapshot`);
+- `history`: each queue's counts and timings, a row a minute, for the dashboard's charts
+  (`history.history_writer`).
 
 The lead can change hands in the middle of a round, so each round is correct however many
 run at once: the rescue moves each lost job in one `DELETE` (a rescue at the same time finds it
 gone), two pruners only make each other's DDL fail or delete nothing, the scheduler locks each
 schedule it handles, and the depth snapshot is taken by the winner of its own election
-(`depth.elect`).
+(`depth.elect`), and the history's minute is its key (a second writer changes nothing).
 """
 
 from __future__ import annotations
@@ -24,13 +26,22 @@ from __future__ import annotations
 from jobq.config import Settings
 from jobq.db import Database
 from jobq.queue.leader.depth import depth_snapshot
+from jobq.queue.leader.history import history_writer
 from jobq.queue.leader.prune import pruner
 from jobq.queue.leader.rescue import rescuer
 from jobq.queue.leader.schedules import scheduler
 from jobq.queue.registry import Registry
 from jobq.queue.service import Service
 
-__all__ = ["Service", "depth_snapshot", "pruner", "rescuer", "scheduler", "services"]
+__all__ = [
+    "Service",
+    "depth_snapshot",
+    "history_writer",
+    "pruner",
+    "rescuer",
+    "scheduler",
+    "services",
+]
 
 
 def services(database: Database, settings: Settings, handlers: Registry) -> tuple[Service, ...]:
@@ -41,4 +52,5 @@ def services(database: Database, settings: Settings, handlers: Registry) -> tupl
         pruner(database, settings),
         scheduler(database, settings, handlers),
         depth_snapshot(database, settings),
+        history_writer(database),
     )

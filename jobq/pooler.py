@@ -1,0 +1,71 @@
+"""Whether a DSN reaches the server itself, or a pooler in transaction mode (PgBouncer's
+`pool_mode = transaction`), whose clients share server sessions between transactions.
+
+jobq needs sessions of its own (LISTEN, each worker's liveness advisory lock, the migrations'
+lock, prepared statements on the pool): behind a transaction pooler they go through
+`JOBQ_DIRECT_DATABASE_URL`. Every process checks at its start, before it migrates
+(`jobq.migrate.prepare`), that the DSN of its sessions is no transaction pooler, and stops with
+one line naming the setting when it is, rather than crash-looping on the first session state
+that goes missing (`DuplicatePreparedStatementError`, a lost lock).
+
+The probe, in two steps, costs a direct server one short connection and one query:
+
+1. The server's cancel key (BackendKeyData, `get_server_pid()`) names the backend of the
+   session; a pooler answers the startup with a key of its own. Equal to `pg_backend_pid()`:
+   the server itself.
+2. Else a pooler is in between; in session mode it gives the client one server session for
+   good. The probe asks for its server's pid, then opens a second client whose transaction
+   holds a server connection: a transaction pooler hands it the one the first client just
+   released (PgBouncer gives the most recently used first), or the first client's next query
+   lands on another one. Either shows sessions that change hands; otherwise the pooler keeps
+   them (session mode), which jobq can use.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from jobq.errors import JobqError
+
+
+class TransactionPooler(JobqError):
+    """The DSN of jobq's sessions goes through a pooler in transaction mode."""
+
+    def __init__(self, *, direct_set: bool) -> None:
+        if direct_set:
+            message = (
+                "JOBQ_DIRECT_DATABASE_URL goes through a pooler in transaction mode: it must "
+                "reach the PostgreSQL server itself (LISTEN, the workers' liveness locks and the "
+                "migrations need sessions of their own)"
+            )
+        else:
+            message = (
+                "DATABASE_URL goes through a pooler in transaction mode (PgBouncer?): set "
+                "JOBQ_DIRECT_DATABASE_URL to the PostgreSQL server itself (LISTEN, the workers' "
+                "liveness locks and the migrations need sessions of their own; see "
+                "docs/guides/pgbouncer.md)"
+            )
+        super().__init__(message)
+
+
+async def shares_sessions(dsn: str) -> bool:
+    """Whether connections to `dsn` go through a pooler that hands server sessions from one
+    client to another between transactions (see the module). Opens a connection to `dsn`,
+    and one more when a pooler answered; neither prepares a named statement (one would
+    clash with those that other clients left on a pooler's server sessions). Raises:
+    `OSError`, `asyncpg.PostgresError`."""
+    first = await asyncpg.connect(dsn, statement_cache_size=0)
+    try:
+        pid = await first.fetchval("SELECT pg_backend_pid()")
+        if first.get_server_pid() == pid:
+            return False
+        second = await asyncpg.connect(dsn, statement_cache_size=0)
+        try:
+            async with second.transaction():
+                if await second.fetchval("SELECT pg_backend_pid()") == pid:
+                    return True
+                return bool(await first.fetchval("SELECT pg_backend_pid()") != pid)
+        finally:
+            await second.close()
+    finally:
+        await first.close()
