@@ -26,7 +26,7 @@ from jobq.dashboard import session
 from jobq.dashboard.views import PAGE_SIZE, _back, _page, _settings, bp
 from jobq.db import Connection
 from jobq.errors import Conflict, NotFound
-from jobq.queue import control, dead, sql
+from jobq.queue import control, dead
 from jobq.queue.control import JobState
 from jobq.queue.dead import DeadFilter
 
@@ -60,12 +60,11 @@ def _arguments(text: str | None) -> dict[str, Any] | None:
 
 
 async def _held(conn: Connection, jobs: list[control.JobView], now: datetime) -> dict[int, Any]:
-    """Why each queued, ripe job of `jobs` is held back (`sql.job_held_reasons`), by id."""
+    """Why each queued, ripe job of `jobs` is held back (`control.held_reasons`), by id."""
     ids = [j.id for j in jobs if j.state is JobState.QUEUED]
     if not ids:
         return {}
-    rows = await sql.job_held_reasons.fetch(conn, job_ids=ids, now=now)
-    return {r["id"]: dict(r) for r in rows}
+    return await control.held_reasons(conn, ids, now=now)
 
 
 # -- jobs -------------------------------------------------------------------------------------

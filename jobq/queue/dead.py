@@ -69,6 +69,13 @@ async def retry(conn: Connection, job_id: int, *, now: datetime) -> dict[str, An
     raise Conflict("an identical job keeps being queued and claimed; try again")
 
 
+async def count(conn: Connection, *, max_count: int) -> int:
+    """How many jobs the dead letter holds, counted up to `max_count` + 1 (more: "more than
+    `max_count`"), so that a large dead letter costs no more than that many rows."""
+    n: int = await sql.job_dead_count.fetchval(conn, max_count=max_count)
+    return n
+
+
 async def discard(conn: Connection, job_id: int) -> None:
     """Delete dead job `job_id` for good. Raises: `NotFound`."""
     if await sql.job_dead_discard.fetchval(conn, job_id=job_id) is None:
