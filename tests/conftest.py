@@ -64,6 +64,11 @@ TABLES = [
     "job_trace",
     "job_type_depth",
     "job_leader",
+    "job_workflow",
+    "job_flow",
+    "job_dependency",
+    "job_waiting",
+    "job_sequence",
 ]
 
 
