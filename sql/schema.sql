@@ -40,9 +40,11 @@ CREATE TABLE job (
     awaited         boolean     NOT NULL DEFAULT false,
     -- Uniqueness (jobq.queue.model.Unique): by type and arguments or by an explicit key
     -- (within its job type), among queued jobs (`queued`), queued and running ones (`active`),
-    -- or within a period from the first enqueue (`period`); or not at all (`none`).
+    -- or within a period from the first enqueue (`period`); or not at all (`none`, and `flow`:
+    -- a job of a workflow or a sequence, whose end the trigger on job_running tells the jobs
+    -- that wait for it; the one column every statement that moves a job carries).
     unique_mode     text        NOT NULL DEFAULT 'queued'
-        CHECK (unique_mode IN ('none', 'queued', 'active', 'period')),
+        CHECK (unique_mode IN ('none', 'queued', 'active', 'period', 'flow')),
     unique_key      text CHECK (unique_key <> '' AND length(unique_key) <= 200),
     -- `queued`: at most one queued job per key, by the unique index on md5 (free: the insert
     -- that queues a job checks it). The key is the job type and its explicit key, or its
@@ -251,13 +253,14 @@ CREATE TABLE job_flow (
     concurrency_key text,
     created_at      timestamptz NOT NULL,
     outcome         text CHECK (outcome IN ('succeeded', 'failed', 'cancelled'))
-);
--- A workflow's jobs; its named steps, each name once.
+)
+-- Each row is updated once (its outcome): room for the new version in its page makes that a
+-- HOT update, which writes no index entry (no index covers `outcome`).
+WITH (fillfactor = 50);
+-- A workflow's jobs (and, under NULL, the jobs of sequences outside workflows); its named
+-- steps, each name once.
 CREATE INDEX job_flow_workflow_idx ON job_flow (workflow_id, job_id);
 CREATE UNIQUE INDEX job_flow_step_key ON job_flow (workflow_id, step) WHERE step IS NOT NULL;
--- Finished jobs of sequences outside workflows, for the pruner.
-CREATE INDEX job_flow_loose_idx ON job_flow (job_id)
-    WHERE workflow_id IS NULL AND outcome IS NOT NULL;
 
 -- Job `job_id` waits for job `depends_on` (kept as long as the job's job_flow row).
 CREATE TABLE job_dependency (

@@ -113,7 +113,7 @@ BEGIN
     INSERT INTO job (id, job_type, arguments, ripe_at, priority, max_retries, created_at, queue,
                      concurrency_key, unique_mode)
     SELECT f.job_id, f.job_type, f.arguments, f.ripe_at, f.priority, f.max_retries, f.created_at,
-           f.queue, f.concurrency_key, 'none'
+           f.queue, f.concurrency_key, 'flow'
     FROM unnest(job_ids) AS u(id) JOIN job_flow AS f ON f.job_id = u.id
     WHERE NOT EXISTS (SELECT FROM job_waiting AS w WHERE w.job_id = u.id);
 END $$;

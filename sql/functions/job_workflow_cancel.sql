@@ -75,6 +75,9 @@ BEGIN
           AND NOT EXISTS (SELECT FROM job_waiting AS w WHERE w.job_id = f.job_id)
           AND NOT job_is_active(f.job_id));
     IF cardinality(ended) > 0 THEN
+        UPDATE job_flow AS f SET outcome = 'cancelled'
+        FROM (SELECT * FROM unnest(ended) AS u(id) ORDER BY id) AS e
+        WHERE f.job_id = e.id AND f.outcome IS NULL;
         PERFORM job_flow_finish(
             ended, array_fill('cancelled'::text, ARRAY[cardinality(ended)]), p_now);
     END IF;

@@ -62,7 +62,7 @@ BEGIN
         INSERT INTO job (id, job_type, arguments, ripe_at, priority, max_retries, created_at,
                          queue, concurrency_key, unique_mode)
         SELECT f.job_id, f.job_type, f.arguments, greatest(f.ripe_at, p_now), f.priority,
-               f.max_retries, f.created_at, f.queue, f.concurrency_key, 'none'
+               f.max_retries, f.created_at, f.queue, f.concurrency_key, 'flow'
         FROM job_flow AS f
         WHERE f.job_id = ANY(again)
           AND NOT EXISTS (SELECT FROM job_waiting AS w WHERE w.job_id = f.job_id)

@@ -1,5 +1,12 @@
 -- Workflows, batches and sequences (jobq.queue.flow), and the progress of running jobs.
 
+-- `flow`: a job of a workflow or a sequence (never deduplicated). Checked without holding the
+-- table's lock through a scan of it (NOT VALID, then VALIDATE).
+ALTER TABLE job DROP CONSTRAINT job_unique_mode_check;
+ALTER TABLE job ADD CONSTRAINT job_unique_mode_check
+    CHECK (unique_mode IN ('none', 'queued', 'active', 'period', 'flow')) NOT VALID;
+ALTER TABLE job VALIDATE CONSTRAINT job_unique_mode_check;
+
 -- A running job's last progress report (jobq.queue.progress): stored in place, one row per job.
 ALTER TABLE job_running ADD COLUMN progress real CHECK (progress BETWEEN 0 AND 1);
 ALTER TABLE job_running ADD COLUMN progress_message text CHECK (length(progress_message) <= 200);
@@ -30,11 +37,10 @@ CREATE TABLE job_flow (
     concurrency_key text,
     created_at      timestamptz NOT NULL,
     outcome         text CHECK (outcome IN ('succeeded', 'failed', 'cancelled'))
-);
+)
+WITH (fillfactor = 50);
 CREATE INDEX job_flow_workflow_idx ON job_flow (workflow_id, job_id);
 CREATE UNIQUE INDEX job_flow_step_key ON job_flow (workflow_id, step) WHERE step IS NOT NULL;
-CREATE INDEX job_flow_loose_idx ON job_flow (job_id)
-    WHERE workflow_id IS NULL AND outcome IS NOT NULL;
 
 CREATE TABLE job_dependency (
     depends_on bigint  NOT NULL,

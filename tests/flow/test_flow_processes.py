@@ -49,8 +49,10 @@ def recorded(n: int, sleep_s: float = 0.0, *, fail: bool = False) -> Job:
     )
 
 
-async def start_workers(procs: Procs, conn: Connection, count: int) -> list[Proc]:
-    workers = [procs.start("worker", f"worker-{i}", ENV) for i in range(count)]
+async def start_workers(
+    procs: Procs, conn: Connection, count: int, **env: str
+) -> list[Proc]:
+    workers = [procs.start("worker", f"worker-{i}", ENV | env) for i in range(count)]
     for w in workers:
         await registered(conn, w)
     return workers
@@ -124,7 +126,9 @@ async def test_a_batch_callback_runs_once_after_its_jobs_that_end_together_on_tw
     procs: Procs, executions: Connection
 ) -> None:
     conn = executions
-    workers = await start_workers(procs, conn, 2)
+    # one slot each: the two jobs of a batch (next to each other in the queue) go to the two
+    # workers, and end together
+    workers = await start_workers(procs, conn, 2, JOBQ_MAX_CONCURRENT_JOBS="1")
     batches = [
         await enqueue_batch(
             [recorded(b * 10 + i, 0.3) for i in range(2)], callback=recorded(b * 10 + 9)

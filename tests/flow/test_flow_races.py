@@ -3,7 +3,12 @@ that the two sides meet in the order the test chooses (not by timing): the last 
 callback waits for ending at once move it into the queue exactly once, in either order of
 their commits and through either statement that records ends; an enqueue into a sequence and
 the end of the sequence's last job, whichever locks first, leave the new job waiting for an
-end still to come or in the queue, never waiting forever."""
+end still to come or in the queue, never waiting forever.
+
+The trigger that tells ends to the jobs waiting for them runs at the commit (a deferred
+constraint trigger); a transaction that the test holds open runs it at its statement instead
+(`SET CONSTRAINTS ... IMMEDIATE`, `tell_now`), so that it holds the locks it took while the
+other side comes."""
 
 from __future__ import annotations
 
@@ -40,6 +45,12 @@ async def claim_all(conn: Connection, worker_id: int) -> list[ClaimedJob]:
     )
 
 
+async def tell_now(conn: Connection) -> None:
+    """In the transaction in progress on `conn`: tell ends at each statement, not at the
+    commit."""
+    await conn.execute("SET CONSTRAINTS job_running_flow_tell IMMEDIATE")
+
+
 async def where(conn: Connection, job_id: int) -> JobState:
     job = await find(conn, job_id, now=clock.now())
     assert job is not None
@@ -61,6 +72,7 @@ async def test_the_last_two_jobs_ending_at_once_move_the_callback_into_the_queue
     # worker 1's end counts the callback down to 1, and holds its row until it commits
     tx = conn.transaction()
     await tx.start()
+    await tell_now(conn)
     assert await store.record(conn, done[:1], now=clock.now()) == {one.token}
     assert (
         await conn.fetchval(
@@ -105,6 +117,7 @@ async def test_a_job_that_ends_after_a_callback_moved_changes_nothing(
     one, two = await claim_all(conn, worker_id=1)
     tx = conn.transaction()
     await tx.start()
+    await tell_now(conn)
     await store.record(conn, [Outcome(one.token, Verdict.COMPLETE)], now=clock.now())
     ending = asyncio.create_task(
         store.record(second, [Outcome(two.token, Verdict.COMPLETE)], now=clock.now())
@@ -152,6 +165,7 @@ async def test_an_end_that_locks_first_is_seen_by_an_enqueue_into_the_sequence(
     # the end of the last job, not committed yet, holds its job_flow row
     tx = second.transaction()
     await tx.start()
+    await tell_now(second)
     await store.record(second, [Outcome(running.token, Verdict.COMPLETE)], now=clock.now())
     db.bind(database)
     enqueuing = asyncio.create_task(
@@ -179,3 +193,28 @@ async def test_a_sequence_holds_its_next_job_through_a_retry_and_releases_it_aft
     await store.record(conn, [Outcome(job.token, Verdict.BURY, error="dead")], now=clock.now())
     assert await where(conn, first) is JobState.FAILED
     assert await where(conn, following) is JobState.QUEUED  # its end, failed, frees the next
+
+
+async def test_an_end_is_told_at_its_commit_and_rolls_back_with_it(
+    database: Database, conn: Connection, second: Connection
+) -> None:
+    batch = await enqueue_batch(
+        [Job(job_type="x", arguments={"n": n}) for n in range(2)],
+        callback=Job(job_type="callback"),
+    )
+    assert batch.callback_id is not None
+    one, two = await claim_all(conn, worker_id=1)
+    remaining = "SELECT remaining FROM job_waiting WHERE job_id = $1"
+    for commit in (False, True):
+        tx = conn.transaction()
+        await tx.start()
+        await store.record(conn, [Outcome(one.token, Verdict.COMPLETE)], now=clock.now())
+        assert await conn.fetchval(remaining, batch.callback_id) == 2  # told at the commit
+        if commit:
+            await tx.commit()
+        else:
+            await tx.rollback()
+            assert await conn.fetchval(remaining, batch.callback_id) == 2
+    assert await conn.fetchval(remaining, batch.callback_id) == 1
+    await store.record(second, [Outcome(two.token, Verdict.COMPLETE)], now=clock.now())
+    assert await where(conn, batch.callback_id) is JobState.QUEUED

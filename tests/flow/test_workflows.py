@@ -236,9 +236,9 @@ async def test_cancelling_a_workflow_cancels_its_waiting_queued_and_running_jobs
     await conn.execute(
         "WITH c AS (DELETE FROM job WHERE id = $1 RETURNING *)"
         " INSERT INTO job_running (id, job_type, arguments, ripe_at, priority, attempts,"
-        " max_retries, created_at, worker_id, claimed_at, lease_expires_at, token)"
+        " max_retries, created_at, unique_mode, worker_id, claimed_at, lease_expires_at, token)"
         " SELECT id, job_type, arguments, ripe_at, priority, attempts, max_retries, created_at,"
-        " 1, $2, $2, 1 FROM c",
+        " unique_mode, 1, $2, $2, 1 FROM c",
         made["running"],
         clock.now(),
     )  # as a claim would
