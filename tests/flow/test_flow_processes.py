@@ -49,9 +49,7 @@ def recorded(n: int, sleep_s: float = 0.0, *, fail: bool = False) -> Job:
     )
 
 
-async def start_workers(
-    procs: Procs, conn: Connection, count: int, **env: str
-) -> list[Proc]:
+async def start_workers(procs: Procs, conn: Connection, count: int, **env: str) -> list[Proc]:
     workers = [procs.start("worker", f"worker-{i}", ENV | env) for i in range(count)]
     for w in workers:
         await registered(conn, w)
