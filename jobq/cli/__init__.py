@@ -7,6 +7,8 @@
     dead list [--limit N] [--after ID] | dead retry (ID | --all) | dead discard ID
     queues list | queues pause NAME | queues resume NAME
     schedules list
+    workflows [--unfinished] [--limit N] [--after ID]
+    workflow ID [--cancel | --retry]
     prune [--retention-s S]
     stats
 
@@ -36,14 +38,14 @@ import asyncpg
 from pydantic import ValidationError
 
 from jobq import db, embedded
-from jobq.cli import commands
+from jobq.cli import commands, workflows
 from jobq.cli.commands import CONFLICT, FAILED, NOT_FOUND
 from jobq.config import Settings
 from jobq.db import Database
 from jobq.errors import Conflict, DuplicateJob, JobqError, NotFound
 from jobq.queue.control import JobState
 
-COMMANDS = ("enqueue", "jobs", "dead", "queues", "schedules", "prune", "stats")
+COMMANDS = ("enqueue", "jobs", "dead", "queues", "schedules", "prune", "stats", *workflows.COMMANDS)
 """The first words of this package's commands."""
 
 Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
@@ -109,6 +111,8 @@ def parser() -> argparse.ArgumentParser:
     schedules = first.add_parser("schedules", help="recurring schedules: list")
     verbs = schedules.add_subparsers(dest="verb", required=True, metavar="VERB")
     leaf(verbs, "list", commands.schedules_list, "every schedule, all its columns")
+
+    workflows.add_commands(first, leaf, page, positive)
 
     sub = leaf(first, "prune", commands.prune, "drop finished jobs past the retention now")
     sub.add_argument(

@@ -169,6 +169,7 @@ WITH sequences AS (
 SELECT (SELECT count(*) FROM sequences) + (SELECT count(*) FROM flows);
 
 -- name: job_flow_counts
--- For the metrics: the jobs waiting, and the workflows not seen finished.
-SELECT (SELECT count(*) FROM job_waiting) AS waiting,
+-- For the metrics: the jobs waiting (counted up to a million), and the workflows not seen
+-- finished (job_workflow_open_idx).
+SELECT (SELECT count(*) FROM (SELECT FROM job_waiting LIMIT 1000000) AS w) AS waiting,
        (SELECT count(*) FROM job_workflow WHERE finished_at IS NULL) AS open_workflows;
