@@ -243,7 +243,8 @@ class Reading:
 async def read(conn: Connection, *, now: datetime, heartbeat_grace: timedelta) -> Reading:
     """Read the metrics at `now`: the cumulative counts and histograms, per queue its state,
     depth snapshot and oldest ripe job, the running jobs, the workers alive, the vacuum
-    figures (`vacuum_stats`) and the jobs and workflows that wait. Small tables and index probes only: no count over `job`.
+    figures (`vacuum_stats`) and the jobs and workflows that wait. Small tables and index
+    probes only: no count over `job`.
     Raises: `asyncpg.PostgresError`."""
     return Reading(
         now=now,

@@ -20,18 +20,21 @@ async def test_workflows_are_listed_shown_cancelled_and_retried(
 
     listed = await jobq("workflows")
     assert listed.code == 0, listed.err
-    assert "nightly" in listed.out and "running" in listed.out
+    assert "nightly" in listed.out
+    assert "running" in listed.out
     assert [w["id"] for w in (await jobq("workflows", "--json")).json()] == [made.id]
 
     shown = await jobq("workflow", str(made.id))
     assert shown.code == 0, shown.err
-    assert "first" in shown.out and "waiting" in shown.out
+    assert "first" in shown.out
+    assert "waiting" in shown.out
     steps = (await jobq("workflow", str(made.id), "--json")).json()["steps"]
     assert {s["step"]: s["state"] for s in steps} == {"first": "queued", "then": "waiting"}
 
     cancelled = await jobq("workflow", str(made.id), "--cancel", "--json")
     assert cancelled.code == 0, cancelled.err
-    assert "'queued': 1" in cancelled.err and "'waiting': 1" in cancelled.err
+    assert "'queued': 1" in cancelled.err
+    assert "'waiting': 1" in cancelled.err
     assert cancelled.json()["state"] == "cancelled"
     assert await conn.fetchval("SELECT count(*) FROM job") == 0
 
