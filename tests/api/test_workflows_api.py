@@ -44,7 +44,10 @@ def handlers() -> Registry:
 
 
 async def call(client: Client, method: str, path: str, status: int = 200) -> Any:
-    response = await client.open(path, method=method, headers=ADMIN)
+    if method == "GET":
+        response = await client.get(path, headers=ADMIN)
+    else:
+        response = await client.post(path, headers=ADMIN)
     assert response.status_code == status, await response.get_data(as_text=True)
     return await response.get_json()
 
