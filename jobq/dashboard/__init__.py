@@ -4,9 +4,11 @@ database's health, as server-rendered pages for a person, refreshed live by a sm
 `jobq.dashboard.session`: who may look (the admin token: a login form and a session cookie,
 or `Authorization: Bearer`) and the CSRF protection of its actions. `jobq.dashboard.views`: the
 pages and actions, over the engine's verbs (`jobq.queue.store`, `control`, `dead`,
-`schedule`). `jobq.dashboard.format`: the numbers and times as people read them.
+`schedule`); `jobq.dashboard.workflows` and `graph`: the workflows' pages and graphs.
+`jobq.dashboard.format`: the numbers and times as people read them.
 """
 
+from jobq.dashboard import workflows  # its pages are routes of `bp`
 from jobq.dashboard.views import bp
 
-__all__ = ["bp"]
+__all__ = ["bp", "workflows"]
