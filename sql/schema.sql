@@ -563,10 +563,21 @@ CREATE TABLE exports (
     job_id      bigint,
     content     text,
     created_at  timestamptz NOT NULL,
-    finished_at timestamptz
+    finished_at timestamptz,
+    -- a big export renders in parts, a batch of render_export_part jobs, each into a row of
+    -- export_parts, which its callback (render_export) assembles; 0: one job renders it whole
+    num_parts   integer     NOT NULL DEFAULT 0
 );
 
 CREATE INDEX exports_user_idx ON exports (user_id);
+
+-- The parts of an export rendered so far (its events, in order), until its file is assembled.
+CREATE TABLE export_parts (
+    export_id bigint  NOT NULL REFERENCES exports (id) ON DELETE CASCADE,
+    part      integer NOT NULL,
+    content   text    NOT NULL,
+    PRIMARY KEY (export_id, part)
+);
 
 -- Per-user API keys. A key is "jq_<id>_<secret>"; only the SHA-256 digest of the whole key is
 -- stored, so the table never holds a usable key. Lookup is by id (the primary key).

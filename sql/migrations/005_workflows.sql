@@ -1,4 +1,5 @@
--- Workflows, batches and sequences (jobq.queue.flow), and the progress of running jobs.
+-- Workflows, batches and sequences (jobq.queue.flow), the progress of running jobs, and the
+-- exports rendered in parts (a batch).
 
 -- `flow`: a job of a workflow or a sequence (never deduplicated). Checked without holding the
 -- table's lock through a scan of it (NOT VALID, then VALIDATE).
@@ -74,3 +75,12 @@ CREATE OR REPLACE VIEW job_state AS
     UNION ALL
     SELECT w.job_id, f.job_type, 'waiting', 0, NULL, f.queue
     FROM job_waiting AS w JOIN job_flow AS f USING (job_id);
+
+ALTER TABLE exports ADD COLUMN num_parts integer NOT NULL DEFAULT 0;
+
+CREATE TABLE export_parts (
+    export_id bigint  NOT NULL REFERENCES exports (id) ON DELETE CASCADE,
+    part      integer NOT NULL,
+    content   text    NOT NULL,
+    PRIMARY KEY (export_id, part)
+);
