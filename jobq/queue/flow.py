@@ -114,24 +114,29 @@ class Workflow:
         Raises: `InvalidWorkflow` for an unknown step, or steps that wait for each other in a
         cycle (the message shows it: `a -> b -> a`)."""
         pairs = {
-            (index, self._position(dep, entry))
+            (index, self._position(dep, index))
             for index, entry in enumerate(self._entries)
             for dep in entry.after
         }
         self._refuse_cycles(pairs)
         return sorted(pairs)
 
-    def _position(self, dep: Step | str, entry: _Entry) -> int:
-        who = repr(entry.name) if entry.name else f"job {self._entries.index(entry)}"
+    def _position(self, dep: Step | str, index: int) -> int:
+        """The position of the step `dep` that job `index` waits for."""
         if isinstance(dep, Step):
-            if not 0 <= dep.index < len(self._entries) or self._entries[dep.index].name != dep.name:
-                raise InvalidWorkflow(f"step {who} waits for a step of another workflow")
-            return dep.index
+            if 0 <= dep.index < len(self._entries) and self._entries[dep.index].name == dep.name:
+                return dep.index
+            raise InvalidWorkflow(f"step {self._label(index)} waits for a step of another workflow")
         if dep not in self._names:
             raise InvalidWorkflow(
-                f"step {who} waits for {dep!r}, which the workflow does not have", step=dep
+                f"step {self._label(index)} waits for {dep!r}, which the workflow does not have",
+                step=dep,
             )
         return self._names[dep]
+
+    def _label(self, index: int) -> str:
+        name = self._entries[index].name
+        return repr(name) if name else f"job {index}"
 
     def _refuse_cycles(self, pairs: set[tuple[int, int]]) -> None:
         """Kahn's algorithm: peel off the jobs that no job left waits for; each job left then
