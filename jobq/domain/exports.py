@@ -223,7 +223,10 @@ async def parts(export_id: int) -> list[str]:
 async def store_export(export_id: int, content: str) -> bool:
     """Store the rendered file once (and forget its parts); return False when it was stored
     already."""
+    conn = db.conn()
     stored = await statements.export_store.fetchval(
-        db.conn(), export_id=export_id, content=content, now=clock.now()
+        conn, export_id=export_id, content=content, now=clock.now()
     )
+    if stored is not None:
+        await statements.export_parts_clear.execute(conn, export_id=export_id)
     return stored is not None

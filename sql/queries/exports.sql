@@ -36,16 +36,14 @@ WHERE user_id = :user_id
 ORDER BY remind_at, id;
 
 -- name: export_store
--- Store export :export_id's file once, and forget its parts; returns its id, or no row (stored
--- already, or gone).
-WITH stored AS (
-    UPDATE exports SET content = :content, finished_at = :now
-    WHERE id = :export_id AND content IS NULL
-    RETURNING id
-), parts AS (
-    DELETE FROM export_parts WHERE export_id IN (SELECT id FROM stored)
-)
-SELECT id FROM stored;
+-- Store export :export_id's file once; returns its id, or no row (stored already, or gone).
+UPDATE exports SET content = :content, finished_at = :now
+WHERE id = :export_id AND content IS NULL
+RETURNING id;
+
+-- name: export_parts_clear!
+-- Forget the parts of export :export_id (its file is stored).
+DELETE FROM export_parts WHERE export_id = :export_id;
 
 -- name: export_reminder_ids
 -- The ids of user :user_id's reminders, in the order an export lists them.
