@@ -33,7 +33,8 @@ BENCH_DIR = PROJECT_ROOT / ".bench"
 """Where results (`results.jsonl`) and the subprocesses' logs (`logs/`) go."""
 
 JOB_TABLES = (
-    "job, job_running, job_dead, job_done, job_attempt, job_unique, job_rate, worker, bench_event"
+    "job, job_running, job_dead, job_done, job_attempt, job_unique, job_rate, worker, bench_event,"
+    " job_workflow, job_flow, job_dependency, job_waiting, job_sequence"
 )
 DOMAIN_TABLES = "users, reminders, reminder_quotas, reminder_holds, exports, bench_bare"
 

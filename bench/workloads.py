@@ -3,7 +3,7 @@ runs by default; `HEADLINE` is what `python -m bench` (`make bench`) runs when g
 
 What each times is in its module's docstring: `bench.queue_bench`, `bench.http_bench`,
 `bench.limits_bench`, `bench.control_bench`, `bench.schedule_bench`, `bench.dashboard_bench`,
-`bench.metrics_bench`, `bench.fleet_bench`, `bench.large_bench`.
+`bench.metrics_bench`, `bench.fleet_bench`, `bench.large_bench`, `bench.flow_bench`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from bench import (
     control_bench,
     dashboard_bench,
     fleet_bench,
+    flow_bench,
     http_bench,
     large_bench,
     limits_bench,
@@ -142,6 +143,25 @@ WORKLOADS: dict[str, Spec] = {
         keys=("page",),
         about="each dashboard page's server time (p50, p99), 40 requests, over 100,000 queued"
         " and 1,000,000 finished jobs, 1,000 dead, 25 h of history for 5 queues",
+    ),
+    "workflow_fanout": Spec(
+        flow_bench.workflow_fanout,
+        about="10,000 no-op jobs drained at concurrency 16 as a batch with a callback (fan-out,"
+        " fan-in) over the same jobs plain, in the same run",
+    ),
+    "workflow_chain": Spec(
+        flow_bench.workflow_chain,
+        keys=("chain",),
+        runs=1,
+        about="a chain of 1,000 jobs, each waiting for the one before (a workflow), then each"
+        " enqueued by the one before: the time from one step's start to the next's",
+    ),
+    "flow_claim_cpu": Spec(
+        flow_bench.flow_claim_cpu,
+        keys=("job_flow_rows",),
+        about="the server's CPU per claim cycle (record 16, claim 16) of jobs of no workflow,"
+        " with the workflows' trigger over without it, alternated; job_flow empty, then"
+        " holding 100,000 finished jobs",
     ),
     # the last two leave millions of rows behind (each fills the database anew)
     "large_queue": Spec(

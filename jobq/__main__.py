@@ -1,5 +1,6 @@
 """`python -m jobq run | serve | worker | migrate | check | db-stop | sql`, and the job store's
-commands: `enqueue`, `jobs`, `dead`, `queues`, `schedules`, `prune`, `stats` (`jobq.cli`)."""
+commands: `enqueue`, `jobs`, `dead`, `queues`, `schedules`, `workflows`, `workflow`, `prune`,
+`stats` (`jobq.cli`)."""
 
 from __future__ import annotations
 

@@ -24,6 +24,7 @@ from werkzeug.routing import IntegerConverter
 from jobq import dashboard, db, jobs, tracing
 from jobq.api import admin, auth, exports, health, metrics, openapi, queues, reminders, users
 from jobq.api import jobs as jobs_api
+from jobq.api import workflows as workflows_api
 from jobq.config import Settings
 from jobq.db import Database
 from jobq.domain.types import BIGINT_MAX
@@ -165,6 +166,7 @@ def create_app(settings: Settings | None = None) -> Quart:
         admin.bp,
         queues.bp,
         metrics.bp,
+        workflows_api.bp,
         dashboard.bp,
     ):
         app.register_blueprint(blueprint)

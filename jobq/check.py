@@ -3,7 +3,8 @@
 The check reads (it never writes) in one REPEATABLE READ snapshot, so the three queue tables
 are seen at one instant, as the single-statement moves between them leave them:
 
-- `one_place`: no job is in two of `job`, `job_running`, `job_dead` (guarantee 2).
+- `one_place`: no job is in two of `job`, `job_running`, `job_dead`, `job_waiting`
+  (guarantee 2).
 - `running_held`: every running job is held by a live worker, or awaits a rescue that is not
   overdue: its worker died, or its lease expired, less than `rescue_grace` ago. A live worker
   is one that holds its liveness lock, or whose process still has a session and heartbeated

@@ -202,6 +202,11 @@ class Settings(BaseSettings):
         default=64 * 1024, ge=0, validation_alias=_env("MAX_RESULT_BYTES")
     )
     """The largest result a handler may return, as JSON; a larger one fails its job."""
+    progress_interval: Seconds = Field(
+        default=timedelta(seconds=0.5), validation_alias=_env("PROGRESS_INTERVAL_S")
+    )
+    """A running job's progress reports reach the database at most this often; the latest of
+    the ones in between is written when the interval is up (`jobq.queue.progress`)."""
     backoff_base: Seconds = Field(
         default=timedelta(seconds=2), validation_alias=_env("BACKOFF_BASE_S")
     )

@@ -107,3 +107,11 @@ class CrossSiteRefused(JobqError):
 
     status = 403
     code = "csrf_failed"
+
+
+class InvalidWorkflow(JobqError):
+    """The workflow cannot be enqueued: a step waits for one it does not have, or its steps
+    wait for each other in a cycle (the message names them)."""
+
+    status = 422
+    code = "invalid_workflow"

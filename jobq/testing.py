@@ -31,6 +31,7 @@ from jobq import clock, db
 from jobq.config import Settings
 from jobq.db import Database
 from jobq.queue import Registry, Worker, registry, sql, store
+from jobq.queue.model import Verdict
 
 DEFAULT_MAX_ROUNDS = 100
 """Rounds one call may take before it calls the queue a runaway (`NotDrained`)."""
@@ -233,12 +234,16 @@ async def _worker(
 
 
 async def _run_ripe(worker: Worker, rounds_left: int, max_rounds: int) -> int:
-    """Claim and run what is ripe, one round after another, until a round claims nothing;
-    return the rounds left. Raises `NotDrained` when a round claims with none left."""
+    """Claim and run what is ripe, one round after another, until a round claims nothing and
+    records no outcome (an outcome recorded by a round's claim may move jobs that waited for it
+    into the queue: `jobq.queue.flow`); return the rounds left. Raises `NotDrained` when a
+    round claims with none left."""
     while True:
+        recorded = sum(worker.counts[v.counted] for v in Verdict)
+        worker.wakeups.wake()  # a round by hand looks at every queue (no notification comes)
         claimed = await worker.run_once()
         await worker.wait_idle()
-        if not claimed:
+        if not claimed and sum(worker.counts[v.counted] for v in Verdict) == recorded:
             return rounds_left
         if rounds_left == 0:
             raise await _not_drained(worker, max_rounds)

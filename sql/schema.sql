@@ -13,10 +13,11 @@
 -- ============================================================================================
 -- The queue
 -- ============================================================================================
--- A job is in exactly one of job (queued), job_running (claimed) or job_dead (the dead letter)
--- from the enqueue's commit until its outcome is recorded, then in job_done when it succeeded
--- or was cancelled; it keeps its id as it moves. Workers are woken by a NOTIFY sent after the
--- enqueuing transaction commits (jobq.queue.notify), not by a trigger.
+-- A job is in exactly one of job_waiting (waiting for other jobs: see Workflows), job (queued),
+-- job_running (claimed) or job_dead (the dead letter) from the enqueue's commit until its
+-- outcome is recorded, then in job_done when it succeeded or was cancelled; it keeps its id as
+-- it moves. Workers are woken by a NOTIFY sent after the enqueuing transaction commits
+-- (jobq.queue.notify), not by a trigger (but for the jobs a workflow's trigger moves into `job`).
 
 -- Queued jobs: ripe at `ripe_at`, claimed by priority, then ripe_at, within their queue.
 CREATE TABLE job (
@@ -39,9 +40,11 @@ CREATE TABLE job (
     awaited         boolean     NOT NULL DEFAULT false,
     -- Uniqueness (jobq.queue.model.Unique): by type and arguments or by an explicit key
     -- (within its job type), among queued jobs (`queued`), queued and running ones (`active`),
-    -- or within a period from the first enqueue (`period`); or not at all (`none`).
+    -- or within a period from the first enqueue (`period`); or not at all (`none`, and `flow`:
+    -- a job of a workflow or a sequence, whose end the trigger on job_running tells the jobs
+    -- that wait for it; the one column every statement that moves a job carries).
     unique_mode     text        NOT NULL DEFAULT 'queued'
-        CHECK (unique_mode IN ('none', 'queued', 'active', 'period')),
+        CHECK (unique_mode IN ('none', 'queued', 'active', 'period', 'flow')),
     unique_key      text CHECK (unique_key <> '' AND length(unique_key) <= 200),
     -- `queued`: at most one queued job per key, by the unique index on md5 (free: the insert
     -- that queues a job checks it). The key is the job type and its explicit key, or its
@@ -100,7 +103,12 @@ CREATE TABLE job_running (
     -- until then, so the concurrency limits count the job while its handler may still run.
     cancelled_at     timestamptz,
     unique_mode      text        NOT NULL DEFAULT 'queued',
-    unique_key       text
+    unique_key       text,
+    -- The job's last progress report (jobq.queue.progress: a fraction done and a short message),
+    -- written in place, at most every JOBQ_PROGRESS_INTERVAL_MS: no row per report.
+    progress         real CHECK (progress BETWEEN 0 AND 1),
+    progress_message text CHECK (length(progress_message) <= 200),
+    progress_at      timestamptz
 )
 WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
 
@@ -170,16 +178,6 @@ CREATE TABLE job_attempt (
 CREATE INDEX job_attempt_job_idx ON job_attempt (job_id);
 CREATE TABLE job_attempt_default PARTITION OF job_attempt DEFAULT;
 
--- Where a job is now, whichever table holds it.
-CREATE VIEW job_state AS
-    SELECT id, job_type, 'queued'::text AS state, attempts, last_error, queue FROM job
-    UNION ALL
-    SELECT id, job_type, 'running', attempts, last_error, queue FROM job_running
-    UNION ALL
-    SELECT id, job_type, 'dead', attempts, last_error, queue FROM job_dead
-    UNION ALL
-    SELECT id, job_type, state, attempts, last_error, queue FROM job_done;
-
 -- The keys of `active` and `period` unique jobs: a key is held by one job, in a table of its
 -- own (the job moves between tables; the key must not). A key is free again once its job is
 -- neither queued nor running (`active`, `until` NULL) or once `until` has passed (`period`):
@@ -211,6 +209,109 @@ CREATE TABLE job_leader (
     worker_id  bigint      NOT NULL,
     expires_at timestamptz NOT NULL
 );
+
+
+-- ============================================================================================
+-- Workflows, batches and sequences
+-- ============================================================================================
+-- Jobs that wait for other jobs (jobq.queue.flow). A job that waits is in job_waiting, never in
+-- `job`: the claim never reads it. The statement that records the end of the last job it waits
+-- for moves it into `job` in the same transaction, through the triggers on job_running that
+-- sql/functions/job_flow_ran.sql makes (job_running_flow_note, a row trigger, and
+-- job_running_flow_tell, a constraint trigger deferred to the commit, both only for rows of
+-- unique_mode 'flow'; job_flow_finish does the work): a crash between the two is impossible,
+-- and the claim statement knows nothing of flows. A job whose dependency fails or is cancelled is
+-- cancelled with it (unless its on_dependency_failure is 'run').
+--
+-- A workflow is a set of jobs enqueued together, each naming the jobs it waits for (a DAG); a
+-- batch is a workflow whose callback waits for every other job whatever its outcome; a
+-- sequence is a key whose jobs each wait for the one enqueued before (whatever its outcome).
+
+-- A workflow (or batch): its jobs are the job_flow rows that name it. `finished_at`: when the
+-- pruner first saw all of them finished (the retention counts from then).
+CREATE TABLE job_workflow (
+    id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name         text CHECK (length(name) BETWEEN 1 AND 200),
+    num_jobs     integer     NOT NULL CHECK (num_jobs > 0),
+    created_at   timestamptz NOT NULL,
+    cancelled_at timestamptz,
+    finished_at  timestamptz
+);
+CREATE INDEX job_workflow_open_idx ON job_workflow (id) WHERE finished_at IS NULL;
+CREATE INDEX job_workflow_finished_idx ON job_workflow (finished_at);
+
+-- Every job of a workflow or a sequence, from its enqueue until the pruner forgets it: where it
+-- belongs, what to queue when it ripens (or when a retry of its workflow makes it again), and
+-- `outcome`, the first end its dependents saw (NULL until it ends): the row a job's end locks
+-- before it looks for dependents, and that an enqueue which makes a job wait for it locks
+-- (FOR SHARE) before it reads the outcome, so one of the two always sees the other.
+CREATE TABLE job_flow (
+    job_id          bigint      PRIMARY KEY,
+    workflow_id     bigint,
+    -- the job's name in its workflow (NULL: unnamed)
+    step            text CHECK (length(step) BETWEEN 1 AND 200),
+    sequence_key    text CHECK (sequence_key <> '' AND length(sequence_key) <= 200),
+    job_type        text        NOT NULL,
+    arguments       jsonb       NOT NULL,
+    ripe_at         timestamptz NOT NULL,
+    priority        smallint    NOT NULL,
+    max_retries     integer     NOT NULL,
+    queue           text        NOT NULL,
+    concurrency_key text,
+    created_at      timestamptz NOT NULL,
+    outcome         text CHECK (outcome IN ('succeeded', 'failed', 'cancelled'))
+)
+-- Each row is updated once (its outcome): room for the new version in its page makes that a
+-- HOT update, which writes no index entry (no index covers `outcome`).
+WITH (fillfactor = 50);
+-- A workflow's jobs (and, under NULL, the jobs of sequences outside workflows); its named
+-- steps, each name once.
+CREATE INDEX job_flow_workflow_idx ON job_flow (workflow_id, job_id);
+CREATE UNIQUE INDEX job_flow_step_key ON job_flow (workflow_id, step) WHERE step IS NOT NULL;
+
+-- Job `job_id` waits for job `depends_on` (kept as long as the job's job_flow row).
+CREATE TABLE job_dependency (
+    depends_on bigint  NOT NULL,
+    job_id     bigint  NOT NULL,
+    -- whether its failure (or cancel) cancels job_id; false: job_id runs anyway (sequences, batch
+    -- callbacks, jobs enqueued with on_dependency_failure "run")
+    cancels    boolean NOT NULL,
+    PRIMARY KEY (depends_on, job_id)
+);
+CREATE INDEX job_dependency_job_idx ON job_dependency (job_id);
+
+-- Jobs that wait: `remaining` counts the jobs each waits for that have not ended. The counter
+-- is the row that two ends at once serialise on (job_flow_finish): the second waits for the
+-- first's commit, then counts down from what the first left, so exactly one reaches 0. Its
+-- definition is in job_flow. Updated in place (fillfactor: room for HOT updates).
+CREATE TABLE job_waiting (
+    job_id    bigint  PRIMARY KEY,
+    remaining integer NOT NULL CHECK (remaining >= 0),
+    awaited   boolean NOT NULL DEFAULT false
+)
+WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
+
+-- A sequence's last job: the next job enqueued with the key waits for it. The enqueue locks the
+-- row, so enqueues of one key take their turns in commit order.
+CREATE TABLE job_sequence (
+    key         text   PRIMARY KEY,
+    last_job_id bigint NOT NULL
+);
+-- The jobs that are some sequence's last (the pruner keeps them).
+CREATE INDEX job_sequence_last_idx ON job_sequence (last_job_id);
+
+-- Where a job is now, whichever table holds it (here, after the tables it reads).
+CREATE VIEW job_state AS
+    SELECT id, job_type, 'queued'::text AS state, attempts, last_error, queue FROM job
+    UNION ALL
+    SELECT id, job_type, 'running', attempts, last_error, queue FROM job_running
+    UNION ALL
+    SELECT id, job_type, 'dead', attempts, last_error, queue FROM job_dead
+    UNION ALL
+    SELECT id, job_type, state, attempts, last_error, queue FROM job_done
+    UNION ALL
+    SELECT w.job_id, f.job_type, 'waiting', 0, NULL, f.queue
+    FROM job_waiting AS w JOIN job_flow AS f USING (job_id);
 
 
 -- ============================================================================================
@@ -511,10 +612,21 @@ CREATE TABLE exports (
     job_id      bigint,
     content     text,
     created_at  timestamptz NOT NULL,
-    finished_at timestamptz
+    finished_at timestamptz,
+    -- a big export renders in parts, a batch of render_export_part jobs, each into a row of
+    -- export_parts, which its callback (render_export) assembles; 0: one job renders it whole
+    num_parts   integer     NOT NULL DEFAULT 0
 );
 
 CREATE INDEX exports_user_idx ON exports (user_id);
+
+-- The parts of an export rendered so far (its events, in order), until its file is assembled.
+CREATE TABLE export_parts (
+    export_id bigint  NOT NULL REFERENCES exports (id) ON DELETE CASCADE,
+    part      integer NOT NULL,
+    content   text    NOT NULL,
+    PRIMARY KEY (export_id, part)
+);
 
 -- Per-user API keys. A key is "jq_<id>_<secret>"; only the SHA-256 digest of the whole key is
 -- stored, so the table never holds a usable key. Lookup is by id (the primary key).

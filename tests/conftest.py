@@ -68,6 +68,11 @@ TABLES = [
     "job_history",
     "job_leader",
     "webhook_hold",
+    "job_workflow",
+    "job_flow",
+    "job_dependency",
+    "job_waiting",
+    "job_sequence",
 ]
 
 

@@ -126,6 +126,16 @@ class ReadingCollector(Collector):
         yield GaugeMetricFamily(
             "jobq_workers_alive", "Worker processes alive (as the rescue judges)", r.workers_alive
         )
+        yield GaugeMetricFamily(
+            "jobq_jobs_waiting",
+            "Jobs waiting for other jobs (workflows, batches, sequences) to end",
+            r.flows["waiting"],
+        )
+        yield GaugeMetricFamily(
+            "jobq_workflows_open",
+            "Workflows and batches with a job not ended (as of the pruner's last round)",
+            r.flows["open_workflows"],
+        )
         horizon = r.vacuum["oldest_transaction_s"]
         yield GaugeMetricFamily(
             "jobq_vacuum_horizon_age_seconds",

@@ -54,6 +54,7 @@ ENDPOINT_RESPONSES: dict[str, dict[int, Extra]] = {
     "admin.discard_dead_job": {204: "no_content"},
     "queues.pause_queue": {204: "no_content"},
     "queues.resume_queue": {204: "no_content"},
+    "workflows.retry_workflow": {409: "conflict"},
 }
 """Per endpoint, the responses its route's shape does not tell."""
 

@@ -9,6 +9,8 @@
     schedules list
     workers
     top [--interval S] [--once]
+    workflows [--unfinished] [--limit N] [--after ID]
+    workflow ID [--cancel | --retry]
     prune [--retention-s S]
     stats
 
@@ -38,7 +40,7 @@ import asyncpg
 from pydantic import ValidationError
 
 from jobq import db, embedded
-from jobq.cli import commands, fleet
+from jobq.cli import commands, fleet, workflows
 from jobq.cli.commands import CONFLICT, FAILED, NOT_FOUND
 from jobq.cli.help import SUMMARY, description, epilog
 from jobq.config import Settings
@@ -47,7 +49,18 @@ from jobq.errors import Conflict, DuplicateJob, JobqError, NotFound
 from jobq.migrate import session
 from jobq.queue.control import JobState
 
-COMMANDS = ("enqueue", "jobs", "dead", "queues", "schedules", "workers", "top", "prune", "stats")
+COMMANDS = (
+    "enqueue",
+    "jobs",
+    "dead",
+    "queues",
+    "schedules",
+    "workers",
+    "top",
+    "prune",
+    "stats",
+    *workflows.COMMANDS,
+)
 """The first words of the job store's commands (this package runs them)."""
 
 PROCESSES = ("run", "serve", "worker", "migrate", "check", "db-stop", "sql")
@@ -161,6 +174,8 @@ def parser() -> argparse.ArgumentParser:
     sub.set_defaults(run=fleet.top)
     sub.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds (>= 0.2)")
     sub.add_argument("--once", action="store_true", help="print one frame and exit")
+
+    workflows.add_commands(first, leaf, page, positive)
 
     sub = command(first, "prune", parents=[common])
     sub.set_defaults(run=commands.prune)

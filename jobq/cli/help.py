@@ -121,6 +121,18 @@ HELP: dict[str, tuple[str, str]] = {
   python -m jobq top --interval 5
   python -m jobq top --once            # one frame, then exit (scripts)""",
     ),
+    "workflows": (
+        "Workflows and batches, newest first, with their jobs counted by outcome.",
+        """python -m jobq workflows
+  python -m jobq workflows --unfinished --limit 20""",
+    ),
+    "workflow": (
+        "One workflow (or batch) and its jobs; --cancel cancels every job not ended, --retry "
+        "runs its failed and cancelled jobs again.",
+        """python -m jobq workflow 12
+  python -m jobq workflow 12 --cancel
+  python -m jobq workflow 12 --retry""",
+    ),
     "prune": (
         "Drop the finished jobs older than the retention now (the leader does it every "
         "JOBQ_PRUNE_INTERVAL_S anyway).",

@@ -5,11 +5,12 @@ database's health, as server-rendered pages for a person, refreshed live by a sm
 or `Authorization: Bearer`) and the CSRF protection of its actions. `jobq.dashboard.views`: the
 frame and the overview (with its charts' data, `jobq.queue.history`); `jobq.dashboard.lists`:
 the job search and the dead letter with their actions, over the engine's verbs
-(`jobq.queue.store`, `control`, `dead`, `schedule`). `jobq.dashboard.format`: the numbers
-and times as people read them.
+(`jobq.queue.store`, `control`, `dead`, `schedule`); `jobq.dashboard.workflows` and `graph`:
+the workflows' pages and graphs. `jobq.dashboard.format`: the numbers and times as people read
+them.
 """
 
-from jobq.dashboard import lists
+from jobq.dashboard import lists, workflows  # their pages are routes of `bp`
 from jobq.dashboard.views import bp
 
-__all__ = ["bp", "lists"]
+__all__ = ["bp", "lists", "workflows"]

@@ -1,7 +1,16 @@
 """The queue engine: enqueue, claim, run, retry with backoff, dead letter, rescue, stop."""
 
 from jobq.errors import DontRetry
+from jobq.queue.flow import (
+    Dependencies,
+    Workflow,
+    dependencies,
+    enqueue_batch,
+    enqueue_in_sequence,
+    enqueue_workflow,
+)
 from jobq.queue.model import ALLOW_DUPLICATES, ClaimedJob, Enqueued, Job, JobContext, Unique
+from jobq.queue.progress import report_progress, report_progress_from_thread
 from jobq.queue.registry import (
     Handler,
     QueueSpec,
@@ -18,6 +27,7 @@ from jobq.queue.worker import Worker
 __all__ = [
     "ALLOW_DUPLICATES",
     "ClaimedJob",
+    "Dependencies",
     "DontRetry",
     "Enqueued",
     "Handler",
@@ -28,10 +38,17 @@ __all__ = [
     "Registry",
     "Unique",
     "Worker",
+    "Workflow",
     "declare_queue",
+    "dependencies",
     "enqueue",
+    "enqueue_batch",
+    "enqueue_in_sequence",
     "enqueue_many",
+    "enqueue_workflow",
     "handler",
     "periodic",
     "registry",
+    "report_progress",
+    "report_progress_from_thread",
 ]

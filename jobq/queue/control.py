@@ -1,6 +1,7 @@
 """Job control: find a job wherever it is, cancel it, and wait for its end.
 
-A job's states: `scheduled` or `queued` (in `job`, before or after its `ripe_at`), `running`
+A job's states: `waiting` for other jobs (`job_waiting`: workflows, batches and sequences,
+`jobq.queue.flow`), `scheduled` or `queued` (in `job`, before or after its `ripe_at`), `running`
 (`job_running`), then `succeeded` or `cancelled` (`job_done`, kept `JOBQ_RETENTION_S`) or
 `failed` (the dead letter, `job_dead`). A cancel of a running job marks its row; its worker hears
 of it (NOTIFY `jobq_cancel`, or its next heartbeat) and cancels an async handler, or sets
@@ -17,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Collection
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, NamedTuple
@@ -40,6 +41,7 @@ _LOOKS = 3
 class JobState(StrEnum):
     """Where a job is in its life. The last three are final."""
 
+    WAITING = "waiting"
     SCHEDULED = "scheduled"
     QUEUED = "queued"
     RUNNING = "running"
@@ -101,6 +103,12 @@ class JobView(BaseModel):
         description="when it was cancelled (a running job then ends cancelled)"
     )
     result: Any = Field(default=None, description="what its handler returned (succeeded)")
+    progress: float | None = Field(
+        default=None, description="its last progress report while it runs, 0 to 1"
+    )
+    progress_message: str | None = Field(
+        default=None, description="the message of its last progress report while it runs"
+    )
     failed_attempts: list[FailedAttempt] = Field(
         default_factory=list,
         description="each failed attempt, in order (by id only: empty in lists)",
@@ -205,18 +213,26 @@ class Cancel(NamedTuple):
 async def cancel(conn: Connection, job_id: int, *, now: datetime, retain: bool) -> Cancel:
     """Cancel job `job_id` whatever its state, in the caller's transaction (or alone).
 
-    Queued or scheduled: it leaves the queue and ends `cancelled` (kept in `job_done` when
-    `retain`). Running: it is marked, and its worker is told after the commit; it ends
-    `cancelled` when its worker records any outcome (or the rescue returns it), and never runs
-    again. A cancel of a cancelled job (or of one being cancelled) changes nothing and says
-    so (`already`). The metrics count the job `cancelled` once the cancel commits.
+    Queued, scheduled or waiting: it leaves the queue and ends `cancelled` (kept in `job_done`
+    when `retain`; a waiting one always), and the jobs that wait for it are told (cancelled in
+    turn, unless they run anyway: `jobq.queue.flow`). Running: it is marked, and its worker is
+    told after the commit; it ends `cancelled` when its worker records any outcome (or the
+    rescue returns it), and never runs again. A cancel of a cancelled job (or of one being
+    cancelled) changes nothing and says so (`already`). The metrics count the job `cancelled`
+    once the cancel commits.
     Raises: `NotFound`; `Conflict` when it succeeded or failed already.
     """
     for _ in range(_LOOKS):
         row = await sql.job_cancel.fetchrow(conn, job_id=job_id, now=now, retain=retain)
         if row["queued"] or row["running"]:
+            if row["queued"]:  # the jobs that wait for it (workflows, sequences) are told
+                await sql.job_flow_cancel.fetch(conn, job_ids=[job_id], now=now)
             metrics.count_after_commit([(row["queue"], row["job_type"])], "cancelled")
             return Cancel(JobState.CANCELLED if row["queued"] else JobState.RUNNING, False)
+        waited = await sql.job_flow_cancel.fetch(conn, job_ids=[job_id], now=now)
+        if waited:  # it waited for other jobs
+            metrics.count_after_commit([(r["queue"], r["job_type"]) for r in waited], "cancelled")
+            return Cancel(JobState.CANCELLED, False)
         job = await find(conn, job_id, now=now)
         if job is None:
             continue  # gone, or moved to job_done after the cancel's snapshot: look again
@@ -319,6 +335,38 @@ async def await_end(
             remaining = deadline - loop.time()
             if job.state.finished or remaining <= 0:
                 return job
+            try:
+                async with asyncio.timeout(remaining):
+                    await event.wait()
+            except TimeoutError:
+                pass
+        finally:
+            registry.unsubscribe(job_id, event)
+
+
+async def watch(
+    job_id: int,
+    timeout: float,  # noqa: ASYNC109 - the time limit is the caller's (`?wait=`)
+    *,
+    database: Database | None = None,
+) -> AsyncIterator[JobView]:
+    """Yield job `job_id` as it is now, then again each time it reports progress
+    (`jobq.queue.progress`) and when it ends, until it has finished (the last view yielded)
+    or `timeout` seconds have passed. Woken as `await_end` is (its reports notify `jobq_done`
+    with its id while someone awaits it).
+    Raises: as `await_end`."""
+    database = database or current_database()
+    registry = waiters(database)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        event = await registry.subscribe(job_id)
+        try:
+            job = await _mark_awaited(database, job_id)
+            yield job
+            remaining = deadline - loop.time()
+            if job.state.finished or remaining <= 0:
+                return
             try:
                 async with asyncio.timeout(remaining):
                     await event.wait()

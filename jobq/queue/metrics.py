@@ -235,12 +235,16 @@ class Reading:
     running: list[dict[str, Any]]
     workers_alive: int
     vacuum: dict[str, Any]
+    flows: dict[str, int]
+    """`waiting`: jobs waiting for other jobs (counted up to a million); `open_workflows`:
+    workflows not seen ended (`jobq.queue.workflows`)."""
 
 
 async def read(conn: Connection, *, now: datetime, heartbeat_grace: timedelta) -> Reading:
     """Read the metrics at `now`: the cumulative counts and histograms, per queue its state,
-    depth snapshot and oldest ripe job, the running jobs, the workers alive and the vacuum
-    figures (`vacuum_stats`). Small tables and index probes only: no count over `job`.
+    depth snapshot and oldest ripe job, the running jobs, the workers alive, the vacuum
+    figures (`vacuum_stats`) and the jobs and workflows that wait. Small tables and index
+    probes only: no count over `job`.
     Raises: `asyncpg.PostgresError`."""
     return Reading(
         now=now,
@@ -252,6 +256,7 @@ async def read(conn: Connection, *, now: datetime, heartbeat_grace: timedelta) -
             conn, now=now, heartbeat_grace=heartbeat_grace
         ),
         vacuum=await vacuum_stats(conn, now=now),
+        flows=dict(await sql.job_flow_counts.fetchrow(conn)),
     )
 
 

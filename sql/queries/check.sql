@@ -1,9 +1,14 @@
 -- name: check_places
--- :max_sample: ids returned at most. Jobs in more than one of job, job_running, job_dead.
+-- :max_sample: ids returned at most. Jobs in more than one of job, job_running, job_dead,
+-- job_waiting.
 WITH twice AS (
     SELECT id FROM job JOIN job_running USING (id)
     UNION SELECT id FROM job JOIN job_dead USING (id)
     UNION SELECT id FROM job_running JOIN job_dead USING (id)
+    UNION SELECT job_id FROM job_waiting AS w
+          WHERE EXISTS (SELECT FROM job WHERE job.id = w.job_id)
+             OR EXISTS (SELECT FROM job_running AS r WHERE r.id = w.job_id)
+             OR EXISTS (SELECT FROM job_dead AS d WHERE d.id = w.job_id)
 )
 SELECT count(*) AS violations,
        coalesce((array_agg(id ORDER BY id))[1:(:max_sample)], '{}') AS sample

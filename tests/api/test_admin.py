@@ -57,7 +57,7 @@ async def bury(conn: Connection, job_id: int, **values: Any) -> None:
     )
 
 
-ADMIN_PATHS = ("/jobs/dead", "/jobs/{job_id}", "/workers", "/queues")
+ADMIN_PATHS = ("/jobs/dead", "/jobs/{job_id}", "/workers", "/queues", "/workflows")
 """The admin paths (and those below them); `/jobs` alone is one too."""
 
 

@@ -16,6 +16,7 @@ from quart.typing import TestClientProtocol as Client
 from jobq.config import Settings
 from jobq.db import Connection
 from jobq.domain import users
+from jobq.queue import Job, Workflow, enqueue_workflow
 from tests.api.conftest import ADMIN, ADMIN_TOKEN, RunJobs
 from tests.api.helpers import JSON, act_as, bearer, create_reminder, create_user
 from tests.conftest import make_settings
@@ -60,7 +61,8 @@ def check_answer(
 
 
 async def scene(client: Client, conn: Connection, run_jobs: RunJobs) -> dict[str, Any]:
-    """Ann with a reminder, an export (done) and a spare key; Bob; dead job 7. Path ids."""
+    """Ann with a reminder, an export (done) and a spare key; Bob; dead job 7; a workflow. Path
+    ids."""
     ann = await create_user(client)
     reminder = await create_reminder(client, ann["id"], message="hi", remind_in_seconds=60)
     export = await (await client.post(f"/users/{ann['id']}/exports")).get_json()
@@ -71,8 +73,12 @@ async def scene(client: Client, conn: Connection, run_jobs: RunJobs) -> dict[str
         "INSERT INTO job_dead (id, job_type, arguments, priority, attempts, max_retries,"
         " last_error, created_at, died_at) VALUES (7, 't', '{}', 0, 1, 0, 'boom', now(), now())"
     )
+    flow = Workflow("contract")
+    flow.add(Job(job_type="t"))
+    workflow = await enqueue_workflow(flow)
     return {
         "ids": {
+            "workflow_id": workflow.id,
             "user_id": ann["id"],
             "key_id": spare["id"],
             "reminder_id": reminder["id"],

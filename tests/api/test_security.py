@@ -52,6 +52,7 @@ ADMIN_CALLS = [
     ("GET", "/queues"),
     ("POST", "/queues/default/pause"),
     ("POST", "/queues/default/resume"),
+    ("GET", "/workflows"),
 ]
 
 MakeWorker = Callable[..., Awaitable[Worker]]

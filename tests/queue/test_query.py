@@ -42,6 +42,7 @@ DOMAIN_TABLES = {
     "reminder_holds",
     "reminder_hold_take",  # a function of the domain's, read as a table
     "exports",
+    "export_parts",
     "api_keys",
     "webhook_hold",
     "webhook_hold_take",  # the delivery shares' function (jobq.domain.shares)

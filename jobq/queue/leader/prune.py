@@ -11,7 +11,7 @@ import asyncpg
 from jobq import clock
 from jobq.config import Settings
 from jobq.db import Connection, Database
-from jobq.queue import sql
+from jobq.queue import sql, workflows
 from jobq.queue.service import Service
 
 log = logging.getLogger("jobq.worker")
@@ -45,8 +45,9 @@ async def prune_finished(
     of the next `PARTITIONS_AHEAD` days (UTC), drop those whose day ended `retention`
     before `now` (a drop is instant and leaves nothing to vacuum), and delete the default
     partitions' rows older than `now - retention` in transactions of `batch` rows; then forget
-    the free keys of `job_unique` (`jobq.queue.model.Unique`) and the schedules' occurrences
-    older than the retention (and a day), `batch` at a time. Return how
+    the free keys of `job_unique` (`jobq.queue.model.Unique`), the schedules' occurrences
+    older than the retention (and a day), `batch` at a time, and the workflows ended longer
+    than the retention ago (`jobq.queue.workflows.prune_flows`). Return how
     many rows went from the default partitions (a dropped partition's rows are not counted).
 
     Each step is a short transaction of its own (so it works through a pooler); DDL gives up
@@ -83,6 +84,7 @@ async def prune_finished(
             await sql.job_occurrence_prune.fetchval(conn, cutoff=occurrences, batch=batch) == batch
         ):
             pass
+        await workflows.prune_flows(conn, now=now, retention=retention)
     return pruned
 
 
