@@ -26,9 +26,10 @@ from jobq.dashboard import session
 from jobq.dashboard.views import PAGE_SIZE, _back, _page, _settings, bp
 from jobq.db import Connection
 from jobq.errors import Conflict, NotFound
-from jobq.queue import control, dead, sql
+from jobq.queue import control, dead
 from jobq.queue.control import JobState
 from jobq.queue.dead import DeadFilter
+from jobq.queue.holds import held_reasons
 
 SEARCH_TIMEOUT_MS = 3000
 """The longest a job search may take: a search for a type, a queue or arguments that only a
@@ -60,12 +61,8 @@ def _arguments(text: str | None) -> dict[str, Any] | None:
 
 
 async def _held(conn: Connection, jobs: list[control.JobView], now: datetime) -> dict[int, Any]:
-    """Why each queued, ripe job of `jobs` is held back (`sql.job_held_reasons`), by id."""
-    ids = [j.id for j in jobs if j.state is JobState.QUEUED]
-    if not ids:
-        return {}
-    rows = await sql.job_held_reasons.fetch(conn, job_ids=ids, now=now)
-    return {r["id"]: dict(r) for r in rows}
+    """Why each queued, ripe job of `jobs` is held back (`holds.held_reasons`), by id."""
+    return await held_reasons(conn, [j.id for j in jobs if j.state is JobState.QUEUED], now=now)
 
 
 # -- jobs -------------------------------------------------------------------------------------

@@ -27,6 +27,13 @@ async def list_dead(
     return [dict(r) for r in rows]
 
 
+async def count(conn: Connection, *, max_count: int) -> int:
+    """Return how many jobs the dead letter holds, counted up to `max_count` + 1 (more than
+    `max_count`: "more than")."""
+    found: int = await sql.job_dead_count.fetchval(conn, max_count=max_count)
+    return found
+
+
 class DeadFilter(NamedTuple):
     """Which dead jobs: of `queue`, of `job_type`, whose last error contains `error`, whose
     arguments contain `arguments` (JSON containment); None: any."""
