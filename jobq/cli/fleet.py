@@ -28,8 +28,9 @@ from jobq.cli.commands import OK, USAGE, emit
 from jobq.cli.tables import table
 from jobq.config import Settings
 from jobq.dashboard.format import count, rate, span
-from jobq.queue import dead, metrics, sql, store
+from jobq.queue import dead, metrics, store
 from jobq.queue.history import MIN_RATE_SPAN_S, RATE_EVENTS, Counts, rates
+from jobq.queue.holds import queue_holds
 
 RATE_COLUMNS = ("enq/s", "done/s", "fail/s")
 """The headings of the rates of `RATE_EVENTS` (enqueued, succeeded, failed)."""
@@ -56,7 +57,7 @@ async def read(settings: Settings) -> dict[str, Any]:
     cap = metrics.LIVE_COUNT_MAX
     async with db.transaction(readonly=True) as conn:
         queues = await store.list_queues(conn, now=now, max_count=cap + 1)
-        held = {r["queue"]: r["held"] for r in await sql.metrics_queues.fetch(conn, now=now)}
+        held = {q: h["held"] for q, h in (await queue_holds(conn, now=now)).items()}
         return {
             "now": now,
             "queues": [q | {"held": held.get(q["name"])} for q in queues],
@@ -64,7 +65,7 @@ async def read(settings: Settings) -> dict[str, Any]:
             "workers": await dead.list_workers(
                 conn, now=now, heartbeat_grace=settings.heartbeat_grace
             ),
-            "dead": await sql.job_dead_count.fetchval(conn, max_count=cap),
+            "dead": await dead.count(conn, max_count=cap),
             "vacuum": await metrics.vacuum_stats(conn, now=now),
         }
 

@@ -25,8 +25,9 @@ from jobq.config import Settings
 from jobq.dashboard import format, session
 from jobq.dashboard.format import FILTERS
 from jobq.errors import NotFound
-from jobq.queue import control, dead, history, metrics, schedule, store
+from jobq.queue import dead, history, metrics, schedule, store
 from jobq.queue.history import Counts, rates
+from jobq.queue.holds import queue_holds
 
 bp = Blueprint(
     "dashboard",
@@ -175,7 +176,7 @@ async def overview() -> Response:
     now = clock.now()
     async with db.transaction(readonly=True) as conn:
         queues = await store.list_queues(conn, now=now, max_count=MAX_DEPTH + 1)
-        holds = await control.queue_holds(conn, now=now)
+        holds = await queue_holds(conn, now=now)
         counts = await metrics.event_counts(conn)
         workers = await dead.list_workers(conn, now=now, heartbeat_grace=settings.heartbeat_grace)
         schedules = await schedule.read_schedules(conn)

@@ -159,21 +159,6 @@ async def job_states(conn: Connection, job_ids: Collection[int]) -> dict[int, Jo
     return {r["id"]: JobStatus(JobState(r["state"]), r["attempts"], r["last_error"]) for r in rows}
 
 
-async def held_reasons(conn: Connection, job_ids: list[int], *, now: datetime) -> dict[int, Any]:
-    """Why each of the queued, ripe jobs `job_ids` waits at `now` (aware UTC), by id: a dict
-    with `reason` ('paused', 'limit', 'key limit' or 'rate') and `until` (the end of a full rate
-    window, else None); a job that waits only for a free worker is absent."""
-    rows = await sql.job_held_reasons.fetch(conn, job_ids=job_ids, now=now)
-    return {r["id"]: dict(r) for r in rows}
-
-
-async def queue_holds(conn: Connection, *, now: datetime) -> dict[str, dict[str, Any]]:
-    """What holds each queue's ripe jobs back at `now` (aware UTC), by queue name: `paused`,
-    `held` (the jobs its concurrency limits hold, as the last depth snapshot counted them; None:
-    no snapshot yet) and `rate_until` (when a full rate window opens; None: none is full)."""
-    return {r["queue"]: dict(r) for r in await sql.job_queue_holds.fetch(conn, now=now)}
-
-
 async def list_jobs(
     conn: Connection,
     *,

@@ -27,6 +27,13 @@ async def list_dead(
     return [dict(r) for r in rows]
 
 
+async def count(conn: Connection, *, max_count: int) -> int:
+    """Return how many jobs the dead letter holds, counted up to `max_count` + 1 (more than
+    `max_count`: "more than")."""
+    found: int = await sql.job_dead_count.fetchval(conn, max_count=max_count)
+    return found
+
+
 class DeadFilter(NamedTuple):
     """Which dead jobs: of `queue`, of `job_type`, whose last error contains `error`, whose
     arguments contain `arguments` (JSON containment); None: any."""
@@ -67,13 +74,6 @@ async def retry(conn: Connection, job_id: int, *, now: datetime) -> dict[str, An
             raise Conflict("an identical job is queued", queued_job_id=twin["twin_id"])
         # The twin was claimed between the two statements: try again.
     raise Conflict("an identical job keeps being queued and claimed; try again")
-
-
-async def count(conn: Connection, *, max_count: int) -> int:
-    """How many jobs the dead letter holds, counted up to `max_count` + 1 (more: "more than
-    `max_count`"), so that a large dead letter costs no more than that many rows."""
-    n: int = await sql.job_dead_count.fetchval(conn, max_count=max_count)
-    return n
 
 
 async def discard(conn: Connection, job_id: int) -> None:

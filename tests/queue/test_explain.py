@@ -160,14 +160,16 @@ async def test_a_search_by_state_reads_no_table_that_cannot_hold_it(
     """`job_list` for failed jobs never walks `job` or `job_done`, whatever their size: a
     custom plan leaves them out, a generic one gates their scans with a one-time filter on the
     parameter, and they never run."""
-    assert sql.job_list.params == ("now", "after", "queue", "job_type", "state", "limit")
+    assert sql.job_list.params == (
+        *("now", "after", "queue", "job_type", "arguments", "state", "limit"),
+    )
     await filled.execute(f"SET plan_cache_mode = {mode}")
     await filled.execute(
-        "PREPARE search (timestamptz, bigint, text, text, text, int) AS " + sql.job_list.text
+        "PREPARE search (timestamptz, bigint, text, text, jsonb, text, int) AS " + sql.job_list.text
     )
     rows = await filled.fetch(
         "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF)"
-        " EXECUTE search (now(), NULL, NULL, NULL, 'failed', 50)"
+        " EXECUTE search (now(), NULL, NULL, NULL, NULL, 'failed', 50)"
     )
     await filled.execute("DEALLOCATE search; RESET plan_cache_mode")
     text = "\n".join(r[0] for r in rows)
