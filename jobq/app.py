@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from quart import Quart, Response, request
 from quart_schema import Info, QuartSchema, RequestSchemaValidationError
 from werkzeug.exceptions import HTTPException, NotFound
-from werkzeug.routing import IntegerConverter
+from werkzeug.routing import BaseConverter, IntegerConverter
 
 from jobq import dashboard, db, jobs, tracing
 from jobq.api import admin, auth, exports, health, metrics, openapi, queues, reminders, users
@@ -74,15 +74,26 @@ def error_body(code: str, detail: Any, status: int) -> Response:
 
 
 class IdConverter(IntegerConverter):
-    """`<int:...>` in routes: a number beyond PostgreSQL's bigint names no row, so it is a 404
-    here rather than a database error. (Raised, not a conversion failure: that would let
-    Werkzeug answer 405 where another method's rule has the same path.)"""
+    """`<int:...>` in routes: ASCII digits only (Werkzeug's `\\d` also takes `²` or `١`, which
+    name no row), so another spelling matches no route (404). A number beyond PostgreSQL's
+    bigint names no row either, so it is a 404 here rather than a database error. (Raised, not
+    a conversion failure: that would let Werkzeug answer 405 where another method's rule has
+    the same path.)"""
+
+    regex = r"[0-9]+"
 
     def to_python(self, value: str) -> int:
         number: int = super().to_python(value)
         if number > BIGINT_MAX:
             raise NotFound()
         return number
+
+
+class QueueNameConverter(BaseConverter):
+    """`<queue:...>` in routes: a queue's name as queues are declared (`QUEUE_NAME`); anything
+    else (a NUL, upper case, 64 characters or more) names no queue and matches no route (404)."""
+
+    regex = r"[a-z][a-z0-9_.:-]{0,62}"
 
 
 def _snake(name: str) -> str:
@@ -140,6 +151,7 @@ def create_app(settings: Settings | None = None) -> Quart:
     settings = settings or Settings()
     app = Quart("jobq")
     app.url_map.converters["int"] = IdConverter  # before the blueprints add their routes
+    app.url_map.converters["queue"] = QueueNameConverter
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.extensions["jobq.settings"] = settings
     app.extensions["jobq.rate_limiter"] = auth.rate_limiter(settings)

@@ -26,6 +26,7 @@ from jobq.api.audit import audit
 from jobq.config import Settings
 from jobq.dashboard import format, session
 from jobq.dashboard.format import FILTERS
+from jobq.domain.types import parse_id
 from jobq.errors import Conflict, NotFound
 from jobq.queue import control, dead, metrics, schedule, store
 from jobq.queue.control import JobState
@@ -219,7 +220,7 @@ async def overview() -> Response:
     )
 
 
-@bp.post("/queues/<name>/<any(pause, resume):verb>")
+@bp.post("/queues/<queue:name>/<any(pause, resume):verb>")
 @hide
 @session.login_only
 async def pause_queue(name: str, verb: str) -> Response:
@@ -265,11 +266,12 @@ async def jobs() -> Response:
     `PAGE_SIZE` at a time (`after`: the last id of the page before). 400 for a malformed
     search; 503 when it takes longer than `SEARCH_TIMEOUT_MS` (it is cancelled)."""
     args = {k: v.strip() for k, v in request.args.items() if v.strip()}
-    job_id = args.pop("id", None)
-    if job_id is not None:
-        if not job_id.isdigit() or int(job_id) >= 2**63:
+    given = args.pop("id", None)
+    if given is not None:
+        job_id = parse_id(given)
+        if job_id is None:
             return await _search_page(400, "An id is a whole number.", {})
-        return _back("dashboard.job", job_id=int(job_id))
+        return _back("dashboard.job", job_id=job_id)
     try:
         query = JobsQuery.model_validate({**args, "limit": PAGE_SIZE})
     except ValidationError as exc:
@@ -339,8 +341,7 @@ async def job_action(job_id: int, verb: str) -> Response:
 async def dead_letter() -> Response:
     """The dead letter, newest first, `PAGE_SIZE` at a time, each job with retry and discard,
     and the ticked ones in bulk."""
-    after = request.args.get("after", "")
-    after_id = int(after) if after.isdigit() and int(after) < 2**63 else None
+    after_id = parse_id(request.args.get("after", ""))
     async with db.transaction(readonly=True) as conn:
         rows = await dead.list_dead(conn, limit=PAGE_SIZE, after=after_id)
     return await _page(
@@ -365,10 +366,11 @@ async def dead_action() -> Response:
     else:
         verb = form.get("action", "")
         ids = form.getlist("id")
-    if verb not in ("retry", "discard") or not ids or not all(i.isdigit() for i in ids):
+    job_ids = {parse_id(i) for i in ids}
+    if verb not in ("retry", "discard") or not ids or None in job_ids:
         raise Conflict("tick at least one dead job, then press retry or discard")
     done, skipped = 0, 0
-    for job_id in sorted({int(i) for i in ids if int(i) < 2**63}):
+    for job_id in sorted(i for i in job_ids if i is not None):
         try:
             async with db.transaction() as conn:
                 if verb == "retry":
