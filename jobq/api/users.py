@@ -26,6 +26,10 @@ from jobq.domain.users import NewUser, User, UserWithKey
 
 bp = Blueprint("users", __name__)
 
+NO_STORE = {"Cache-Control": "no-store"}
+"""The headers of an answer that carries a new API key: no cache (a browser's, a proxy's)
+keeps it (RFC 9111, 5.2.2.5)."""
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -55,7 +59,7 @@ def _signup_allowed(
 @_signup_allowed
 @validate_request(NewUser)
 @validate_response(UserWithKey, 201)
-async def create_user(data: NewUser) -> tuple[UserWithKey, int]:
+async def create_user(data: NewUser) -> tuple[UserWithKey, int, dict[str, str]]:
     """Create a user and their first API key (`api_key`: shown only in this answer).
 
     409 when the e-mail address is taken; 422 when the body is invalid or the webhook's
@@ -69,7 +73,7 @@ async def create_user(data: NewUser) -> tuple[UserWithKey, int]:
         key = await keys.create_key(user.id, max_keys=settings.max_keys_per_user)
     if settings.signup == "admin":
         audit("user.create", f"user:{user.id}")
-    return UserWithKey(**user.model_dump(), api_key=key.api_key, api_key_id=key.id), 201
+    return UserWithKey(**user.model_dump(), api_key=key.api_key, api_key_id=key.id), 201, NO_STORE
 
 
 @bp.get("/users/<int:user_id>")
@@ -85,14 +89,14 @@ async def get_user(user_id: int) -> User:
 @user_only
 @validate_response(ApiKey, 201)
 @write_transaction
-async def create_key(user_id: int) -> tuple[ApiKey, int]:
+async def create_key(user_id: int) -> tuple[ApiKey, int, dict[str, str]]:
     """Make another API key (`api_key`: shown only in this answer). The older keys keep
     working until revoked (`DELETE /users/<user_id>/keys/<id>`): rotate by making a key,
     switching to it, and revoking the old one. 409 `limit_reached` beyond
     `JOBQ_MAX_KEYS_PER_USER` unrevoked keys."""
     key = await keys.create_key(user_id, max_keys=_settings().max_keys_per_user)
     audit("key.create", f"key:{key.id}")
-    return key, 201
+    return key, 201, NO_STORE
 
 
 @bp.delete("/users/<int:user_id>/keys/<int:key_id>")

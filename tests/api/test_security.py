@@ -269,7 +269,7 @@ async def test_no_password_in_logs_or_bodies_while_the_database_is_cut_off(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     dsn = with_password(db_proxy.dsn, db_password)
-    app = create_app(make_settings(dsn, min_pool_size=1, max_pool_size=2))
+    app = create_app(make_settings(dsn, min_pool_size=1, max_pool_size=2, admin_token=ADMIN_TOKEN))
     bodies: list[str] = []
     with caplog.at_level(logging.DEBUG):
         async with app.test_app() as test_app:
@@ -282,7 +282,7 @@ async def test_no_password_in_logs_or_bodies_while_the_database_is_cut_off(
                     "/users/1", headers={"Authorization": f"Bearer {WELL_FORMED_KEY}"}
                 ),
                 await client.post("/users", json={"name": "Ann", "email": "ann@example.com"}),
-                await client.get("/jobs/stats"),
+                await client.get("/jobs/stats", headers=ADMIN),
             ]:
                 assert response.status_code == 503
                 body = await response.get_json()
