@@ -24,6 +24,7 @@ from werkzeug.routing import BaseConverter, IntegerConverter
 from jobq import dashboard, db, jobs, tracing
 from jobq.api import admin, auth, exports, health, metrics, openapi, queues, reminders, users
 from jobq.api import jobs as jobs_api
+from jobq.api.throttle import Throttles
 from jobq.config import Settings
 from jobq.db import Database
 from jobq.domain.types import BIGINT_MAX
@@ -74,11 +75,11 @@ def error_body(code: str, detail: Any, status: int) -> Response:
 
 
 class IdConverter(IntegerConverter):
-    """`<int:...>` in routes: ASCII digits only (Werkzeug's `\\d` also takes `²` or `١`, which
-    name no row), so another spelling matches no route (404). A number beyond PostgreSQL's
-    bigint names no row either, so it is a 404 here rather than a database error. (Raised, not
-    a conversion failure: that would let Werkzeug answer 405 where another method's rule has
-    the same path.)"""
+    """`<int:...>` in routes: ASCII digits only (Werkzeug's `\\d` also takes `²` or Arabic-Indic
+    digits, which name no row), so another spelling matches no route (404). A number beyond
+    PostgreSQL's bigint names no row either, so it is a 404 here rather than a database error.
+    (Raised, not a conversion failure: that would let Werkzeug answer 405 where another
+    method's rule has the same path.)"""
 
     regex = r"[0-9]+"
 
@@ -155,6 +156,7 @@ def create_app(settings: Settings | None = None) -> Quart:
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.extensions["jobq.settings"] = settings
     app.extensions["jobq.rate_limiter"] = auth.rate_limiter(settings)
+    app.extensions["jobq.throttles"] = Throttles.of(settings)
     QuartSchema(
         app,
         info=Info(title="jobq", version="0.1.0"),

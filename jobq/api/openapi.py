@@ -9,11 +9,12 @@ quart-schema documents each view's success model; `Provider` makes the rest exac
   500 `internal_error` and 503 `database_unavailable` everywhere; 405 `method_not_allowed`
   everywhere (another method on the same path; `Allow` lists the path's methods); 413
   `request_entity_too_large` everywhere; 404 `not_found` on a route with an id in its path,
-  and on secured routes; 401 `unauthorized` (with `WWW-Authenticate`) on secured routes; 429
-  `too_many_requests` (with `Retry-After`) on the routes of a user's API key; 415
+  and on secured routes; 401 `unauthorized` (with `WWW-Authenticate`) and 429
+  `too_many_requests` (with `Retry-After`: a key's rate limit, or a client address's failed
+  credentials) on secured routes; 415
   `unsupported_media_type` on POST, PUT and PATCH; 400 `bad_request` where a JSON body is
   read; 422 `validation_error` where a body or a query string is validated;
-- from `ENDPOINT_RESPONSES`, what only a view knows: its 409s, 204s with no content,
+- from `ENDPOINT_RESPONSES`, what only a view knows: its 409s, 429s, 204s with no content,
   iCalendar files, the `Location` header of a 202.
 """
 
@@ -28,15 +29,15 @@ from quart_schema import OpenAPIProvider
 from quart_schema.validation import DataSource
 from werkzeug.routing import Rule
 
-from jobq.api import admin, auth
+from jobq.api import admin
 from jobq.config import Settings
 
 BODY_METHODS = {"post", "put", "patch"}
 
-Extra = Literal["conflict", "no_content", "calendar", "location", "accept", "signup"]
+Extra = Literal["conflict", "throttled", "no_content", "calendar", "location", "accept", "signup"]
 
 ENDPOINT_RESPONSES: dict[str, dict[int, Extra]] = {
-    "users.create_user": {409: "conflict", 401: "signup"},
+    "users.create_user": {429: "throttled", 401: "signup"},
     "users.create_key": {409: "conflict"},
     "users.revoke_key": {204: "no_content"},
     "users.create_reminder": {409: "conflict"},
@@ -66,7 +67,8 @@ ERRORS = {
     413: "`request_entity_too_large`: the body is larger than `JOBQ_MAX_BODY_BYTES`.",
     415: "`unsupported_media_type`: a body that is not `application/json`.",
     422: "`validation_error`: `detail` lists the field-level errors.",
-    429: "`too_many_requests`: this API key's rate limit; retry after `Retry-After` seconds.",
+    429: "`too_many_requests`: this API key's rate limit, or too many failed credentials (or "
+    "sign-ups) from the client's address; retry after `Retry-After` seconds.",
     500: "`internal_error`: an unexpected error (logged).",
     503: "`database_unavailable`: the database is not answering; try again shortly.",
 }
@@ -171,7 +173,7 @@ class Provider(OpenAPIProvider):
             statuses.append(404)
         if secured:
             statuses.append(401)
-        if auth.SECURITY_SCHEME in secured:
+        if secured:  # a key's rate limit; any credential: its sender's failed attempts
             statuses.append(429)
         if method in BODY_METHODS:
             statuses.append(415)
@@ -188,7 +190,7 @@ class Provider(OpenAPIProvider):
     ) -> None:
         responses = operation["responses"]
         calendar = {"text/calendar": {"schema": {"type": "string"}}}
-        if extra == "conflict":
+        if extra in ("conflict", "throttled"):
             responses[status] = error_response(status)
         elif extra == "no_content":
             responses[status] = {"description": "Done; no content."}

@@ -10,10 +10,10 @@ import functools
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
-from quart import Blueprint, current_app, request
+from quart import Blueprint, current_app
 from quart_schema import validate_request, validate_response
 
-from jobq.api import admin
+from jobq.api import admin, throttle
 from jobq.api.audit import audit
 from jobq.api.auth import user_only
 from jobq.config import Settings
@@ -42,14 +42,17 @@ def _settings() -> Settings:
 def _signup_allowed(
     fn: Callable[P, Awaitable[T]],
 ) -> Callable[P, Coroutine[Any, Any, T]]:
-    """With `JOBQ_SIGNUP=admin`, require the admin token (401 otherwise) before the body is
-    validated, so that a stranger learns nothing from validation."""
+    """With `JOBQ_SIGNUP=admin`, require the admin token (401 otherwise); else count the sign-up
+    against its client's address (429 beyond `JOBQ_SIGNUP_RATE_PER_HOUR`, `jobq.api.throttle`).
+    Both before the body is validated, so that a stranger learns nothing from validation."""
 
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         settings = _settings()
         if settings.signup == "admin":
-            admin.authorize(settings, request.headers.get("Authorization"))
+            admin.authorize_request(settings, "sign-up")
+        else:
+            throttle.take_signup()
         return await fn(*args, **kwargs)
 
     return wrapper
@@ -62,9 +65,10 @@ def _signup_allowed(
 async def create_user(data: NewUser) -> tuple[UserWithKey, int, dict[str, str]]:
     """Create a user and their first API key (`api_key`: shown only in this answer).
 
-    409 when the e-mail address is taken; 422 when the body is invalid or the webhook's
-    address is refused (see the README's security section). With `JOBQ_SIGNUP=admin`, only
-    the admin token may create users (401 otherwise)."""
+    E-mail addresses are not unique (the answer tells nothing of other users). 422 when the
+    body is invalid or the webhook's address is refused (see the security guide); 429 past the
+    sign-ups allowed to the client's address. With `JOBQ_SIGNUP=admin`, only the admin token
+    may create users (401 otherwise)."""
     settings = _settings()
     if data.webhook_url is not None:
         await webhooks.check_url(str(data.webhook_url), settings)

@@ -11,6 +11,7 @@ Each page renders whole; `dashboard.js` fetches it again every few seconds and s
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections import deque
 from typing import Any
@@ -21,6 +22,7 @@ from quart import Blueprint, Response, current_app, g, render_template, request,
 from quart_schema import hide
 
 from jobq import clock, db, statements
+from jobq.api import throttle
 from jobq.api.admin import JobsQuery
 from jobq.api.audit import audit
 from jobq.config import Settings
@@ -139,17 +141,27 @@ async def login_post() -> Response:
     session.check_login_origin()
     form = await request.form
     target = _safe_next(form.get("next"))
+    wait_s = throttle.failures_wait()
+    if wait_s > 0:
+        retry = max(1, math.ceil(wait_s))
+        error = f"Too many wrong tokens from your address: try again in {retry} s."
+        page = await _page("login.html", status=429, next=target, error=error)
+        page.headers["Retry-After"] = str(retry)
+        return page
     if not session.token_matches(settings, form.get("token", "")):
         session.log.warning("dashboard login refused (wrong token) from %s", request.remote_addr)
+        throttle.record_failure()
         return await _page("login.html", status=401, next=target, error="That is not the token.")
-    return session.set_session(session.see_other(target), session.new_session(settings))
+    return session.set_session(session.see_other(target), await session.new_session(settings))
 
 
 @bp.post("/logout")
 @hide
 @session.login_only
 async def logout() -> Response:
-    """End the session: the cookie is deleted."""
+    """End the session, on the server (its cookie and CSRF token are refused from now on) and
+    in the browser (the cookie is deleted)."""
+    await session.end_session(request.cookies.get(session.COOKIE))
     return session.set_session(_back("dashboard.login"), None)
 
 

@@ -56,7 +56,7 @@ async def bury(conn: Connection, job_id: int, **values: Any) -> None:
     )
 
 
-ADMIN_PATHS = ("/jobs/dead", "/jobs/{job_id}", "/workers", "/queues")
+ADMIN_PATHS = ("/jobs/dead", "/jobs/{job_id}", "/jobs/stats", "/workers", "/queues")
 """The admin paths (and those below them); `/jobs` alone is one too."""
 
 
@@ -452,10 +452,11 @@ async def test_openapi_documents_the_admin_endpoints_with_their_security(client:
         "api_key": {"type": "http", "scheme": "bearer"},
     }
     admin = {
-        ("/jobs/dead", "get"): {200, 401, 404, 405, 413, 422, 500, 503},
-        ("/jobs/dead/{job_id}/retry", "post"): {200, 401, 404, 405, 409, 413, 415, 500, 503},
-        ("/jobs/dead/{job_id}", "delete"): {204, 401, 404, 405, 413, 500, 503},
-        ("/workers", "get"): {200, 401, 404, 405, 413, 500, 503},
+        ("/jobs/dead", "get"): {200, 401, 404, 405, 413, 422, 429, 500, 503},
+        ("/jobs/dead/{job_id}/retry", "post"): {200, 401, 404, 405, 409, 413, 415, 429, 500, 503},
+        ("/jobs/dead/{job_id}", "delete"): {204, 401, 404, 405, 413, 429, 500, 503},
+        ("/workers", "get"): {200, 401, 404, 405, 413, 429, 500, 503},
+        ("/jobs/stats", "get"): {200, 401, 404, 405, 413, 429, 500, 503},
     }
     for (path, method), statuses in admin.items():
         operation = spec["paths"][path][method]
@@ -492,8 +493,8 @@ async def test_openapi_documents_every_error_with_the_error_body(client: Client)
         "201",
         "400",
         "405",
-        "409",
         "413",
+        "429",
         "415",
         "422",
         "500",

@@ -14,11 +14,11 @@ from quart.typing import TestClientProtocol as Client
 
 from jobq import clock, db
 from jobq.app import create_app
+from jobq.config import Settings
 from jobq.db import Connection, Database
 from jobq.errors import DontRetry
 from jobq.queue import Job, JobContext, Registry, Worker, enqueue, metrics
 from jobq.queue.leader.depth import take_depth_snapshot
-from jobq.config import Settings
 from tests.api.conftest import ADMIN, ADMIN_TOKEN, DatabaseProxy
 from tests.api.helpers import assert_error, create_reminder, create_user
 from tests.conftest import make_settings

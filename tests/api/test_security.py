@@ -8,8 +8,10 @@ import asyncio
 import base64
 import contextlib
 import logging
+import os
 import re
 import socket
+import subprocess
 import sys
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -188,6 +190,32 @@ def test_authorize_unit() -> None:
 @pytest.mark.parametrize("token", ["", "   "])
 def test_a_blank_admin_token_means_none(token: str) -> None:
     assert Settings(_env_file=None, admin_token=token).admin_token is None
+
+
+@pytest.mark.parametrize(
+    "weak", ["aaaaaaaaaaaaaaaa", "abababababababababab", "1234512345123451234", "short-tok3n"]
+)
+def test_a_weak_admin_token_is_refused_saying_how_to_make_one(weak: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        Settings(_env_file=None, admin_token=weak)
+    message = str(caught.value)
+    assert "secrets.token_urlsafe(32)" in message
+    assert weak not in message
+
+
+def test_a_weak_admin_token_stops_the_process_at_start() -> None:
+    env = {
+        **os.environ,
+        "JOBQ_ADMIN_TOKEN": "aaaaaaaaaaaaaaaa",
+        "DATABASE_URL": "postgresql://x@127.0.0.1:1/x",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "jobq", "serve"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    assert "JOBQ_ADMIN_TOKEN" in done.stderr
+    assert 'python -c "import secrets; print(secrets.token_urlsafe(32))"' in done.stderr
+    assert "aaaaaaaaaaaaaaaa" not in done.stderr + done.stdout
 
 
 def test_a_short_admin_token_is_refused_without_echoing_it() -> None:
