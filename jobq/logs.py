@@ -144,15 +144,15 @@ class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__(TEXT_FORMAT)
 
-    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+    def formatMessage(self, record: logging.LogRecord) -> str:
         return super().formatMessage(
             logging.makeLogRecord({**record.__dict__, "message": escape(record.message)})
         )
 
-    def formatException(self, ei: Any) -> str:  # noqa: N802 (logging's name)
+    def formatException(self, ei: Any) -> str:
         return _indent(super().formatException(ei))
 
-    def formatStack(self, stack_info: str) -> str:  # noqa: N802 (logging's name)
+    def formatStack(self, stack_info: str) -> str:
         return _indent(super().formatStack(stack_info))
 
 
