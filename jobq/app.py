@@ -154,6 +154,7 @@ def create_app(settings: Settings | None = None) -> Quart:
     app.url_map.converters["int"] = IdConverter  # before the blueprints add their routes
     app.url_map.converters["queue"] = QueueNameConverter
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.config["BODY_TIMEOUT"] = settings.body_timeout.total_seconds()  # 408 past it
     app.extensions["jobq.settings"] = settings
     app.extensions["jobq.rate_limiter"] = auth.rate_limiter(settings)
     app.extensions["jobq.throttles"] = Throttles.of(settings)
@@ -223,7 +224,8 @@ def create_app(settings: Settings | None = None) -> Quart:
     async def bind_database() -> Response | None:
         db.bind(app.extensions["jobq.db"])
         # Read the body, whatever the method and whether the view wants it: beyond
-        # MAX_CONTENT_LENGTH that raises 413 (a view that ignores bodies would otherwise run).
+        # MAX_CONTENT_LENGTH that raises 413, beyond BODY_TIMEOUT 408 (a view that ignores
+        # bodies would otherwise run, and a slow sender hold its connection).
         # Read rather than trust Content-Length: a chunked HTTP/1.1 or an HTTP/2 request has a
         # body without one.
         body = await request.get_data()

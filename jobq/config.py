@@ -119,6 +119,12 @@ class Settings(BaseSettings):
     http_host: str = Field(default="127.0.0.1", validation_alias=_env("HTTP_HOST"))
     http_port: int = Field(default=8000, ge=0, le=65535, validation_alias=_env("HTTP_PORT"))
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, validation_alias=_env("MAX_BODY_BYTES"))
+    body_timeout: Seconds = Field(
+        default=timedelta(seconds=10), validation_alias=_env("BODY_TIMEOUT_S")
+    )
+    """How long a request's body may take to arrive, whole, from the end of its headers
+    (which have 5 s from the connection's opening: `jobq.__main__.http_config`); past that,
+    408 and the connection is closed. 64 KiB in 10 s is 6.5 KB/s."""
     min_pool_size: int = Field(default=2, ge=1, validation_alias=_env("MIN_POOL_SIZE"))
     max_pool_size: int = Field(default=10, ge=1, validation_alias=_env("MAX_POOL_SIZE"))
     db_command_timeout: Seconds = Field(
@@ -283,7 +289,10 @@ class Settings(BaseSettings):
     """How often the leader counts the queue depths for `/metrics` (`jobq.queue.leader.depth`)."""
 
     @field_validator(
-        "reminder_host_rate_period", "metrics_flush_interval", "metrics_snapshot_interval"
+        "reminder_host_rate_period",
+        "metrics_flush_interval",
+        "metrics_snapshot_interval",
+        "body_timeout",
     )
     @classmethod
     def _positive(cls, value: timedelta) -> timedelta:

@@ -7,8 +7,8 @@ quart-schema documents each view's success model; `Provider` makes the rest exac
   wherever it is used, never written inline;
 - from the shape of each route, the JSON errors of `jobq.app`'s mapping (body: `Error`):
   500 `internal_error` and 503 `database_unavailable` everywhere; 405 `method_not_allowed`
-  everywhere (another method on the same path; `Allow` lists the path's methods); 413
-  `request_entity_too_large` everywhere; 404 `not_found` on a route with an id in its path,
+  everywhere (another method on the same path; `Allow` lists the path's methods); 408
+  `request_timeout` and 413 `request_entity_too_large` everywhere; 404 `not_found` on a route with an id in its path,
   and on secured routes; 401 `unauthorized` (with `WWW-Authenticate`) and 429
   `too_many_requests` (with `Retry-After`: a key's rate limit, or a client address's failed
   credentials) on secured routes; 415
@@ -62,6 +62,7 @@ ERRORS = {
     404: "`not_found`: no such resource, or not the caller's (on admin routes: no admin "
     "token configured).",
     405: "`method_not_allowed`: the path exists, not with this method (`Allow` lists them).",
+    408: "`request_timeout`: the body did not arrive within `JOBQ_BODY_TIMEOUT_S`.",
     409: "`conflict` (the request conflicts with the resource's current state) or "
     "`limit_reached` (a per-user limit; `detail.limit` gives it).",
     413: "`request_entity_too_large`: the body is larger than `JOBQ_MAX_BODY_BYTES`.",
@@ -167,7 +168,7 @@ class Provider(OpenAPIProvider):
 
     @staticmethod
     def _statuses(rule: Rule, method: str, operation: dict[str, Any]) -> list[int]:
-        statuses = [405, 413, 500, 503]
+        statuses = [405, 408, 413, 500, 503]
         secured = _secured_by(operation)
         if rule.arguments or secured:
             statuses.append(404)

@@ -452,11 +452,23 @@ async def test_openapi_documents_the_admin_endpoints_with_their_security(client:
         "api_key": {"type": "http", "scheme": "bearer"},
     }
     admin = {
-        ("/jobs/dead", "get"): {200, 401, 404, 405, 413, 422, 429, 500, 503},
-        ("/jobs/dead/{job_id}/retry", "post"): {200, 401, 404, 405, 409, 413, 415, 429, 500, 503},
-        ("/jobs/dead/{job_id}", "delete"): {204, 401, 404, 405, 413, 429, 500, 503},
-        ("/workers", "get"): {200, 401, 404, 405, 413, 429, 500, 503},
-        ("/jobs/stats", "get"): {200, 401, 404, 405, 413, 429, 500, 503},
+        ("/jobs/dead", "get"): {200, 401, 404, 405, 408, 413, 422, 429, 500, 503},
+        ("/jobs/dead/{job_id}/retry", "post"): {
+            200,
+            401,
+            404,
+            405,
+            408,
+            409,
+            413,
+            415,
+            429,
+            500,
+            503,
+        },
+        ("/jobs/dead/{job_id}", "delete"): {204, 401, 404, 405, 408, 413, 429, 500, 503},
+        ("/workers", "get"): {200, 401, 404, 405, 408, 413, 429, 500, 503},
+        ("/jobs/stats", "get"): {200, 401, 404, 405, 408, 413, 429, 500, 503},
     }
     for (path, method), statuses in admin.items():
         operation = spec["paths"][path][method]
@@ -493,6 +505,7 @@ async def test_openapi_documents_every_error_with_the_error_body(client: Client)
         "201",
         "400",
         "405",
+        "408",
         "413",
         "429",
         "415",
@@ -501,7 +514,7 @@ async def test_openapi_documents_every_error_with_the_error_body(client: Client)
         "503",
     }
     delete = spec["paths"]["/reminders/{reminder_id}"]["delete"]["responses"]
-    assert set(delete) == {"204", "401", "404", "405", "409", "413", "429", "500", "503"}
+    assert set(delete) == {"204", "401", "404", "405", "408", "409", "413", "429", "500", "503"}
     ics = spec["paths"]["/exports/{export_id}.ics"]["get"]["responses"]["200"]["content"]
     assert set(ics) == {"text/calendar"}
 
