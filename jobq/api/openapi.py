@@ -8,12 +8,12 @@ quart-schema documents each view's success model; `Provider` makes the rest exac
 - from the shape of each route, the JSON errors of `jobq.app`'s mapping (body: `Error`):
   500 `internal_error` and 503 `database_unavailable` everywhere; 405 `method_not_allowed`
   everywhere (another method on the same path; `Allow` lists the path's methods); 408
-  `request_timeout` and 413 `request_entity_too_large` everywhere; 404 `not_found` on a route with an id in its path,
-  and on secured routes; 401 `unauthorized` (with `WWW-Authenticate`) and 429
-  `too_many_requests` (with `Retry-After`: a key's rate limit, or a client address's failed
-  credentials) on secured routes; 415
-  `unsupported_media_type` on POST, PUT and PATCH; 400 `bad_request` where a JSON body is
-  read; 422 `validation_error` where a body or a query string is validated;
+  `request_timeout` and 413 `request_entity_too_large` everywhere; 404 `not_found` on a route
+  with an id in its path, and on secured routes; 401 `unauthorized` (with `WWW-Authenticate`)
+  and 429 `too_many_requests` (with `Retry-After`: a key's rate limit, or a client address's
+  failed credentials) on secured routes; 415 `unsupported_media_type` on POST, PUT and PATCH;
+  400 `bad_request` where a JSON body is read; 422 `validation_error` where a body or a query
+  string is validated;
 - from `ENDPOINT_RESPONSES`, what only a view knows: its 409s, 429s, 204s with no content,
   iCalendar files, the `Location` header of a 202.
 """
