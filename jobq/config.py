@@ -243,7 +243,12 @@ class Settings(BaseSettings):
     max_exports_per_user: int = Field(
         default=100, ge=1, validation_alias=_env("MAX_EXPORTS_PER_USER")
     )
-    """How many exports a user may have (they are kept)."""
+    """How many exports a user may have (they are kept until deleted)."""
+    max_export_bytes_per_user: int = Field(
+        default=10 * 1024 * 1024, ge=1024, validation_alias=_env("MAX_EXPORT_BYTES_PER_USER")
+    )
+    """How many bytes a user's export files may take in all: no export is requested past it,
+    and one whose file would go past it fails."""
     max_keys_per_user: int = Field(default=10, ge=1, validation_alias=_env("MAX_KEYS_PER_USER"))
     """How many unrevoked API keys a user may have."""
     webhook_allow_private: bool = Field(

@@ -142,6 +142,12 @@ async def list_reminders(user_id: int) -> Reminders:
 async def request_export(user_id: int) -> tuple[Export, int, dict[str, str]]:
     """Start an iCalendar export of the user's reminders; poll its `status_url` (also in the
     `Location` header). 409 `limit_reached` when the user has `JOBQ_MAX_EXPORTS_PER_USER`
-    exports."""
-    export = await exports.request_export(user_id, max_exports=_settings().max_exports_per_user)
+    exports, or files of `JOBQ_MAX_EXPORT_BYTES_PER_USER` bytes (`detail.resource` says
+    which): delete some (`DELETE /exports/<id>`)."""
+    settings = _settings()
+    export = await exports.request_export(
+        user_id,
+        max_exports=settings.max_exports_per_user,
+        max_bytes=settings.max_export_bytes_per_user,
+    )
     return export, 202, {"Location": export.status_url}

@@ -291,26 +291,24 @@ async def list_reminders(user_id: int) -> list[Reminder]:
 
 
 async def cancel_reminder(reminder_id: int, user_id: int, *, retain: bool = True) -> None:
-    """Delete the user's reminder not yet sent, and cancel its job (`jobq.queue.control.cancel`:
-    a queued job leaves the queue, a delivery running is cancelled and never retried; a dead
-    one is discarded, `jobq.queue.dead.discard`), in the caller's transaction. `retain`: keep
-    the cancelled job in `job_done` (the retention setting).
+    """Delete the user's reminder, sent or not; one not yet sent has its job cancelled
+    (`jobq.queue.control.cancel`: a queued job leaves the queue, a delivery running is
+    cancelled and never retried; a dead one is discarded, `jobq.queue.dead.discard`) and, when
+    recurring, its schedule dropped, in the caller's transaction. `retain`: keep the cancelled
+    job in `job_done` (the retention setting).
 
-    Raises: `NotFound` (also when it is another user's); `Conflict` when it has been sent.
+    Raises: `NotFound` (also when it is another user's).
     """
     conn = db.conn()
-    deleted = await statements.reminder_delete_unsent.fetchrow(
+    deleted = await statements.reminder_delete.fetchrow(
         conn, reminder_id=reminder_id, user_id=user_id
     )
-    if deleted is not None:
-        if deleted["rrule"] is not None:  # its future occurrences stop, those queued too
-            await schedule.drop(conn, schedule_name(reminder_id), now=clock.now())
-        if deleted["job_id"] is not None:
-            await _end_job(conn, deleted["job_id"], retain=retain)
-        return
-    if await statements.reminder_exists.fetchval(conn, reminder_id=reminder_id, user_id=user_id):
-        raise Conflict("the reminder has been sent already", reminder_id=reminder_id)
-    raise NotFound("no such reminder", reminder_id=reminder_id)
+    if deleted is None:
+        raise NotFound("no such reminder", reminder_id=reminder_id)
+    if deleted["rrule"] is not None:  # its future occurrences stop, those queued too
+        await schedule.drop(conn, schedule_name(reminder_id), now=clock.now())
+    if deleted["job_id"] is not None and not deleted["sent"]:
+        await _end_job(conn, deleted["job_id"], retain=retain)
 
 
 async def _end_job(conn: db.Connection, job_id: int, *, retain: bool) -> None:

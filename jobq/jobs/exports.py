@@ -8,6 +8,7 @@ from icalendar import Calendar, Event
 from pydantic import BaseModel
 
 from jobq import clock
+from jobq.config import Settings
 from jobq.db import transaction
 from jobq.domain import exports
 from jobq.domain.exports import ExportSource
@@ -43,17 +44,22 @@ async def _load(export_id: int) -> ExportSource | None:
         return await exports.export_source(export_id)
 
 
-async def _store(export_id: int, content: str) -> bool:
+async def _store(source: ExportSource, content: str, *, max_bytes: int) -> bool:
     async with transaction():
-        return await exports.store_export(export_id, content)
+        return await exports.store_export(
+            source.export_id, source.user_id, content, max_bytes=max_bytes
+        )
 
 
 @handler(exports.RENDER_EXPORT, args=RenderExportArgs, queue=exports.QUEUE, timeout=120)
 def render_export(args: RenderExportArgs, job: JobContext) -> None:
     """A plain `def`: runs in the worker's thread pool, so rendering never blocks the event
-    loop; its database reads and writes run on the loop through `job.run_coroutine`."""
+    loop; its database reads and writes run on the loop through `job.run_coroutine`. A file
+    that would take the user's exports past `JOBQ_MAX_EXPORT_BYTES_PER_USER` fails the export
+    for good (`TooLarge`, to the dead letter)."""
+    settings: Settings = job.state["settings"]
     source = job.run_coroutine(_load(args.export_id))
     if source is None:
         return  # rendered by an earlier run, or gone
     content = render_ics(source, stamp=clock.now())
-    job.run_coroutine(_store(args.export_id, content))
+    job.run_coroutine(_store(source, content, max_bytes=settings.max_export_bytes_per_user))

@@ -30,6 +30,7 @@ ROUTES = [
     ("DELETE", "/reminders/{reminder}"),
     ("GET", "/exports/{export}"),
     ("GET", "/exports/{export}.ics"),
+    ("DELETE", "/exports/{export}"),
 ]
 """Every user-scoped route."""
 
