@@ -22,7 +22,18 @@ from werkzeug.exceptions import HTTPException, NotFound
 from werkzeug.routing import BaseConverter, IntegerConverter
 
 from jobq import dashboard, db, jobs, tracing
-from jobq.api import admin, auth, exports, health, metrics, openapi, queues, reminders, users
+from jobq.api import (
+    admin,
+    auth,
+    docs,
+    exports,
+    health,
+    metrics,
+    openapi,
+    queues,
+    reminders,
+    users,
+)
 from jobq.api import jobs as jobs_api
 from jobq.api.throttle import Throttles
 from jobq.config import Settings
@@ -46,6 +57,15 @@ DATABASE_DOWN = (
     asyncpg.TooManyConnectionsError,
 )
 """Errors that mean the database is unreachable (mapped to 503), not that a request is wrong."""
+
+
+HTML_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+}
+"""Headers every HTML answer gets unless its view set its own (`Content-Security-Policy`)."""
 
 
 def database_down(exc: BaseException) -> bool:
@@ -161,6 +181,10 @@ def create_app(settings: Settings | None = None) -> Quart:
     QuartSchema(
         app,
         info=Info(title="jobq", version="0.1.0"),
+        # its pages load scripts from CDNs: /docs is jobq's own (jobq.api.docs)
+        swagger_ui_path=None,
+        redoc_ui_path=None,
+        scalar_ui_path=None,
         openapi_provider_class=openapi.Provider,  # documents every error response
         security_schemes={
             admin.SECURITY_SCHEME: {"type": "http", "scheme": "bearer"},
@@ -176,11 +200,21 @@ def create_app(settings: Settings | None = None) -> Quart:
         admin.bp,
         queues.bp,
         metrics.bp,
+        docs.bp,
         dashboard.bp,
     ):
         app.register_blueprint(blueprint)
     _register_errors(app)
     tracing.instrument_app(app)  # a span per request, with the `otel` extra
+
+    @app.after_request
+    async def html_headers(response: Response) -> Response:
+        # Every HTML page gets a policy: its own (the dashboard's, the docs'), else the
+        # strictest, which lets the page load nothing at all.
+        if response.mimetype == "text/html":
+            for name, value in HTML_HEADERS.items():
+                response.headers.setdefault(name, value)
+        return response
 
     @app.before_serving
     async def start() -> None:

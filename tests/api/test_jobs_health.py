@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -220,10 +221,29 @@ async def test_openapi_lists_the_endpoints(client: Client) -> None:
 
 
 async def test_docs_page(client: Client) -> None:
+    """The page and its files come from the service (`jobq.api.docs`), under a policy that
+    allows scripts from it alone; quart-schema's CDN pages are gone."""
     response = await client.get("/docs")
     assert response.status_code == 200
     assert response.mimetype == "text/html"
-    assert "openapi.json" in await response.get_data(as_text=True)
+    page = await response.get_data(as_text=True)
+    assert "openapi.json" in page
+    assert "://" not in page  # nothing from elsewhere
+    assert "<script>" not in page  # no inline script
+    assert "script-src 'self'" in response.headers["Content-Security-Policy"]
+    for asset in re.findall(r'(?:src|href)="(/docs/[^"]+)"', page):
+        loaded = await client.get(asset)
+        assert loaded.status_code == 200, asset
+    for gone in ("/redocs", "/scalar"):
+        assert (await client.get(gone)).status_code == 404
+
+
+@pytest.mark.parametrize("path", ["/docs", "/dashboard/login"])
+async def test_every_html_page_has_a_content_security_policy(client: Client, path: str) -> None:
+    response = await client.get(path)
+    assert response.mimetype == "text/html"
+    assert "Content-Security-Policy" in response.headers
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
 
 
 # -- /jobs/stats: what pins the vacuum horizon --------------------------------------------------
