@@ -13,6 +13,7 @@ from typing import Any, ParamSpec, TypeVar
 from quart import Blueprint, current_app
 from quart_schema import validate_request, validate_response
 
+from jobq import clock
 from jobq.api import admin, throttle
 from jobq.api.audit import audit
 from jobq.api.auth import user_only
@@ -118,12 +119,18 @@ async def revoke_key(user_id: int, key_id: int) -> tuple[str, int]:
 @user_only
 @validate_request(NewReminder)
 @validate_response(Reminder, 201)
-@write_transaction
 async def create_reminder(user_id: int, data: NewReminder) -> tuple[Reminder, int]:
-    """Schedule a reminder; its delivery job commits with it. 409 `limit_reached` when the
-    user has `JOBQ_MAX_REMINDERS_PER_USER` unsent reminders."""
+    """Schedule a reminder; its delivery job (or, recurring, its schedule) commits with it.
+    409 `limit_reached` when the user has `JOBQ_MAX_REMINDERS_PER_USER` unsent reminders; 422
+    when a recurrence has no occurrence or is over its budget (see `Recurrence`)."""
     limit = _settings().max_reminders_per_user
-    return await reminders.schedule_reminder(user_id, data, max_unsent=limit), 201
+    now = clock.now()
+    worked_out = await reminders.plan_reminder(data, now=now)  # off the event loop
+    async with transaction():
+        created = await reminders.schedule_reminder(
+            user_id, data, max_unsent=limit, now=now, worked_out=worked_out
+        )
+    return created, 201
 
 
 @bp.get("/users/<int:user_id>/reminders")

@@ -46,7 +46,7 @@ PAGE_SIZE = 50
 """Rows of a job list or of the dead letter per page."""
 
 NEXT_OCCURRENCES = 3
-"""Occurrences shown per schedule."""
+"""Occurrences shown per schedule declared in code (a reminder's schedule shows its next)."""
 
 RATE_EVENTS = ("enqueued", "succeeded", "failed")
 """The events whose rates (jobs/s) the queues table shows (from `job_counter`)."""
@@ -218,8 +218,10 @@ async def overview() -> Response:
         schedules = await schedule.read_schedules(conn)
         vacuum = await metrics.vacuum_stats(conn, now=now)
         tables = await metrics.table_stats(conn)
-    for s in schedules:
-        s["occurrences"] = schedule.next_occurrences(s, NEXT_OCCURRENCES)
+    for s in schedules:  # a reminder's: its stored next one (a page shows thousands, each 5 s)
+        s["occurrences"] = schedule.next_occurrences(
+            s, NEXT_OCCURRENCES if s["source"] == "code" else 1
+        )
     return await _page(
         "overview.html",
         queues=queues,

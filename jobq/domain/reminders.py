@@ -22,11 +22,11 @@ from urllib.parse import urlsplit
 from pydantic import AwareDatetime, BaseModel, Field, model_validator
 
 from jobq import clock, db, statements
-from jobq.domain.recurring import Recurrence
+from jobq.domain.recurring import UPCOMING, Plan, Recurrence, plan
 from jobq.domain.types import NOT_BLANK, REQUEST, Text
 from jobq.domain.users import require_user
-from jobq.errors import Conflict, LimitReached, NotFound
-from jobq.queue import Job, control, dead, enqueue, schedule
+from jobq.errors import Conflict, InvalidRecurrence, LimitReached, NotFound
+from jobq.queue import Job, control, dead, enqueue, rrules, schedule
 from jobq.queue.control import JobState
 
 SEND_REMINDER = "send_reminder"
@@ -74,8 +74,6 @@ class NewReminder(BaseModel):
             start = self.due_at(now)
             if self.recurrence.until is not None and self.recurrence.until <= start:
                 raise ValueError("recurrence.until must be after the reminder's first time")
-            if not self.recurrence.occurrences(start, start - timedelta(microseconds=1), 1):
-                raise ValueError("the recurrence has no occurrence")
         return self
 
     def due_at(self, now: datetime) -> datetime:
@@ -114,7 +112,9 @@ class Reminder(BaseModel):
     created_at: AwareDatetime
     recurrence: Recurrence | None = None
     next_occurrences: list[AwareDatetime] = Field(
-        default_factory=list, description="the next five (recurring, not paused)"
+        default_factory=list,
+        description="recurring, not paused: the next five (as far as ten years apart); in a "
+        "list of reminders, the next one",
     )
     deliveries: int = Field(default=0, description="occurrences delivered (recurring)")
     last_occurrence_at: AwareDatetime | None = None
@@ -131,10 +131,13 @@ def schedule_name(reminder_id: int) -> str:
     return f"reminder:{reminder_id}"
 
 
-async def _reminders(conn: db.Connection, rows: Sequence[Any]) -> list[Reminder]:
+async def _reminders(
+    conn: db.Connection, rows: Sequence[Any], *, upcoming: int = 1
+) -> list[Reminder]:
     """`reminder_get` rows as `Reminder`s: their status derived from their jobs' states and
     their schedules' next occurrences, which the queue gives (one statement each, for all the
-    rows), and the next occurrences of those recurring.
+    rows), with `upcoming` occurrences of those recurring (1: the stored next one, nothing
+    computed; more: computed off the event loop, within a budget).
 
     The rows and the states are read by two statements, in two snapshots: a delivery whose job
     ended in between had marked its reminder sent first, so the reminders whose job is no
@@ -151,14 +154,14 @@ async def _reminders(conn: db.Connection, rows: Sequence[Any]) -> list[Reminder]
             r["id"]: dict(r)
             for r in await statements.reminder_sent_of.fetch(conn, reminder_ids=ended)
         }
-    next_ats = await schedule.next_at(
-        conn, [schedule_name(r["id"]) for r in rows if r["rrule"] is not None]
+    ahead = await schedule.upcoming(
+        conn, [schedule_name(r["id"]) for r in rows if r["rrule"] is not None], upcoming
     )
     return [
         _reminder(
             dict(r) | again.get(r["id"], {}),
             jobs.get(r["job_id"]),
-            next_ats.get(schedule_name(r["id"])),
+            ahead.get(schedule_name(r["id"]), []),
         )
         for r in rows
     ]
@@ -170,24 +173,22 @@ def _waiting(job: control.JobStatus | None) -> bool:
 
 
 def _reminder(
-    values: dict[str, Any], job: control.JobStatus | None, next_at: datetime | None
+    values: dict[str, Any], job: control.JobStatus | None, upcoming: list[datetime]
 ) -> Reminder:
     """A `reminder_get` row as a `Reminder`, given where its job is (None: no job, or the queue
-    holds it no more) and its schedule's next occurrence (recurring; None: it has ended)."""
+    holds it no more) and its schedule's next occurrences (recurring; none: it has ended, or
+    is paused)."""
     recurrence = None
-    upcoming: list[datetime] = []
     if values["rrule"] is not None:
         recurrence = Recurrence.model_construct(
             rrule=values["rrule"], tz=values["tz"], until=values["until"], count=values["count"]
         )
         if values["paused"]:
             status = ReminderStatus.PAUSED
-        elif next_at is None:
+        elif not upcoming:
             status = ReminderStatus.ENDED
         else:
             status = ReminderStatus.ACTIVE
-            after = next_at - timedelta(microseconds=1)
-            upcoming = recurrence.occurrences(values["remind_at"], after, 5)
     elif values["sent_at"] is not None:
         status = ReminderStatus.SENT
     elif not _waiting(job):  # dead, cancelled, or gone (discarded, pruned)
@@ -207,13 +208,26 @@ def _reminder(
     )
 
 
-async def schedule_reminder(user_id: int, data: NewReminder, *, max_unsent: int) -> Reminder:
-    """Insert a reminder and enqueue its `send_reminder` job (ripe at the due time) in the same
+async def plan_reminder(data: NewReminder, *, now: datetime) -> Plan | None:
+    """Work out a recurring reminder's recurrence from its time (`jobq.domain.recurring.plan`),
+    off the event loop; None for a one-off reminder. Raises: `InvalidRecurrence` (422)."""
+    if data.recurrence is None:
+        return None
+    try:
+        return await rrules.off_loop(plan, data.recurrence, data.due_at(now))
+    except ValueError as exc:
+        raise InvalidRecurrence(str(exc)) from None
+
+
+async def schedule_reminder(
+    user_id: int, data: NewReminder, *, max_unsent: int, now: datetime, worked_out: Plan | None
+) -> Reminder:
+    """Insert a reminder due at `data.due_at(now)` and enqueue its `send_reminder` job (ripe
+    then), or save its schedule (recurring: `worked_out`, from `plan_reminder`), in the same
     transaction. Raises: `NotFound` when the user does not exist; `LimitReached` when the user
     has `max_unsent` reminders not yet sent (checked under a lock of the user's row, so
     concurrent requests cannot overshoot)."""
     conn = db.conn()
-    now = clock.now()
     remind_at = data.due_at(now)
     user = await statements.user_lock.fetchrow(conn, user_id=user_id)
     if user is None:
@@ -234,19 +248,35 @@ async def schedule_reminder(user_id: int, data: NewReminder, *, max_unsent: int)
         count=None if recurrence is None else recurrence.count,
     )
     if recurrence is not None:
+        assert worked_out is not None
         await schedule.save(
             conn,
             name=schedule_name(reminder_id),
             job_type=SEND_REMINDER,
             arguments={"reminder_id": reminder_id},
-            rrule=recurrence.text(),
+            rrule=worked_out.text,
             tz=recurrence.tz,
             starts_at=remind_at,
             queue=QUEUE,
             concurrency_key=delivery_key(user["webhook_url"]),
             occurrence_arg="occurrence_at",
+            first=worked_out.upcoming[0],
         )
-        return await get_reminder(reminder_id, user_id)
+        # As `get_reminder` would read it back inside this transaction: nothing else has seen it.
+        return Reminder(
+            id=reminder_id,
+            user_id=user_id,
+            message=data.message,
+            remind_at=remind_at,
+            status=ReminderStatus.ACTIVE,
+            attempts=0,
+            sent_at=None,
+            last_error=None,
+            job_id=None,
+            created_at=now,
+            recurrence=recurrence,
+            next_occurrences=worked_out.upcoming,
+        )
     job = await enqueue(
         Job(
             job_type=SEND_REMINDER,
@@ -279,7 +309,7 @@ async def get_reminder(reminder_id: int, user_id: int) -> Reminder:
     row = await statements.reminder_get.fetchrow(conn, reminder_id=reminder_id, user_id=user_id)
     if row is None:
         raise NotFound("no such reminder", reminder_id=reminder_id)
-    [reminder] = await _reminders(conn, [row])
+    [reminder] = await _reminders(conn, [row], upcoming=UPCOMING)
     return reminder
 
 
