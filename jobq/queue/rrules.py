@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
+import threading
 import time
 import types
 from collections.abc import Callable, Iterator
@@ -42,8 +44,12 @@ MAX_CANDIDATES = 5_000
 one 366 a year, an hourly one two an hour (104 days). About 10 ms of CPU here at most."""
 
 MAX_SECONDS = 0.1
-"""Wall time one search may take: a safety net on a slow machine (the candidates bound it
+"""CPU time one search may take: a safety net on a slow machine (the candidates bound it
 first)."""
+
+PAUSE_EVERY = 200
+PAUSE_S = 0.0005
+"""The rules' thread pauses this long every `PAUSE_EVERY` candidates (see `Budget`)."""
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -59,14 +65,18 @@ class OverBudget(ValueError):
 
 
 class Budget:
-    """What one search may spend (see the module): `candidates`, and until `MAX_SECONDS` from
-    now; `horizon`, the naive local time past which it stops (`_PastHorizon`)."""
+    """What one search may spend (see the module): `candidates`, and `MAX_SECONDS` of the CPU
+    time of its thread; `horizon`, the naive local time past which it stops (`_PastHorizon`).
+    In the rules' thread (`off_loop`), it pauses `PAUSE_S` every `PAUSE_EVERY` candidates, so
+    that the event loop's thread gets the GIL at once rather than after Python's switch
+    interval (5 ms)."""
 
     def __init__(self, horizon: datetime, candidates: int = MAX_CANDIDATES) -> None:
         self.horizon = horizon
         self.candidates = candidates
-        self.deadline = time.monotonic() + MAX_SECONDS
+        self.deadline = time.thread_time() + MAX_SECONDS
         self._steps = 0
+        self._pause_at = candidates - PAUSE_EVERY if getattr(_thread, "pauses", False) else -1
 
     @property
     def horizon(self) -> datetime:
@@ -85,8 +95,11 @@ class Budget:
             raise _PastHorizon()
         self.candidates -= count
         self._steps += 1
-        if self.candidates < 0 or (not self._steps % 64 and time.monotonic() > self.deadline):
+        if self.candidates < 0 or (not self._steps % 64 and time.thread_time() > self.deadline):
             raise OverBudget(OverBudget.__doc__)
+        if self.candidates < self._pause_at:
+            self._pause_at = self.candidates - PAUSE_EVERY
+            time.sleep(PAUSE_S)
 
 
 class _PastHorizon(Exception):
@@ -279,12 +292,22 @@ def parse(text: str, start: datetime) -> rrule:
     return found
 
 
-_evaluator = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jobq-rrule")
-"""The one thread where requests evaluate rules: off the event loop, and one at a time, so
-that however many requests evaluate rules at once the loop competes for the GIL with one
-thread only (its wait for it stays under the 5 ms switch interval)."""
+_thread = threading.local()
+"""`pauses`: set in the rules' thread (`Budget`)."""
+
+
+def _pausing() -> None:
+    _thread.pauses = True
+
+
+_evaluator = ThreadPoolExecutor(
+    max_workers=1, thread_name_prefix="jobq-rrule", initializer=_pausing
+)
+"""The one thread where requests evaluate rules: off the event loop, and one at a time."""
 
 
 async def off_loop(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """`fn(*args, **kwargs)` (a budgeted evaluation) run in the rules' thread."""
-    return await asyncio.get_running_loop().run_in_executor(_evaluator, lambda: fn(*args, **kwargs))
+    return await asyncio.get_running_loop().run_in_executor(
+        _evaluator, functools.partial(fn, *args, **kwargs)
+    )

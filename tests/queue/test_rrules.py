@@ -128,11 +128,11 @@ def test_a_rule_that_never_occurs_is_over_budget_after_a_bounded_walk(text: str)
 
 
 def test_a_budget_counts_candidates_and_stops_at_its_horizon() -> None:
-    rule = rrulestr("FREQ=DAILY;BYMONTH=2;BYMONTHDAY=30", dtstart=datetime(2026, 1, 1))
+    rule = rrules.parse("FREQ=DAILY;BYMONTH=2;BYMONTHDAY=30", datetime(2026, 1, 1))
     budget = Budget(horizon=datetime(2027, 1, 1))
     assert list(rrules.occurrences(rule, budget)) == []  # stopped at the horizon
     assert MAX_CANDIDATES - budget.candidates == 366  # a candidate a day, 2026 and 1 Jan 2027
-    costly = rrulestr("FREQ=MINUTELY;BYSETPOS=2", dtstart=datetime(2026, 1, 1))
+    costly = rrules.parse("FREQ=MINUTELY;BYSETPOS=2", datetime(2026, 1, 1))
     budget = Budget(horizon=datetime.max)
     with pytest.raises(OverBudget):
         list(rrules.occurrences(costly, budget))
