@@ -5,6 +5,7 @@ finished. Skipped where no Chromium is installed."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 
 import pytest
@@ -25,6 +26,7 @@ async def test_a_slow_refresh_delays_the_next_instead_of_stacking(
     monkeypatch.setattr(views, "REFRESH_S", REFRESH_S)
     tab, console = page
     spans: list[tuple[float, float]] = []
+    four = asyncio.Event()
 
     async def slowly(route: Route, request: Request) -> None:
         if request.resource_type != "fetch":  # the page itself
@@ -34,13 +36,12 @@ async def test_a_slow_refresh_delays_the_next_instead_of_stacking(
         await asyncio.sleep(SLOW_S)
         await route.continue_()
         spans.append((started, time.monotonic()))
+        if len(spans) == 4:
+            four.set()
 
     await tab.route("**/dashboard/", slowly)
     await tab.goto("/dashboard/")  # its body now says to refresh every 0.2 s
-    deadline = time.monotonic() + 30
-    while len(spans) < 4 and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-    assert len(spans) >= 4
-    for (_, ended), (started, _) in zip(spans, spans[1:], strict=False):
+    await asyncio.wait_for(four.wait(), 30)
+    for (_, ended), (started, _) in itertools.pairwise(spans):
         assert started >= ended  # the next began once the one before had its answer
     assert console.errors == []
