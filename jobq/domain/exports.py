@@ -83,14 +83,14 @@ async def request_export(user_id: int, *, max_exports: int, max_bytes: int) -> E
     held = await statements.export_count.fetchval(conn, user_id=user_id)
     if held >= max_exports:
         raise LimitReached(
-            "too many exports: delete some (DELETE /exports/<id>)",
+            "too many exports: delete some first",
             limit=max_exports,
             resource="exports",
         )
     stored = await statements.export_bytes.fetchval(conn, user_id=user_id)
     if stored >= max_bytes:
         raise LimitReached(
-            f"the exports' files take {stored} bytes: delete some (DELETE /exports/<id>)",
+            f"the exports' files take {stored} bytes: delete some first",
             limit=max_bytes,
             resource="export_bytes",
         )

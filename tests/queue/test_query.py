@@ -35,7 +35,7 @@ def test_every_statement_is_fully_numbered(name: str) -> None:
     assert used == set(range(1, len(query.params) + 1)), (name, used, query.params)
 
 
-DOMAIN_TABLES = {"users", "reminders", "exports", "api_keys"}
+DOMAIN_TABLES = {"users", "reminders", "exports", "api_keys", "dashboard_session"}
 APPLICATION = sorted(
     path
     for package in ("api", "dashboard", "domain", "jobs")
