@@ -141,17 +141,21 @@ def take_signup() -> None:
         raise _refuse(wait_s, "too many sign-ups from this address")
 
 
-def failures_wait() -> float:
-    """The seconds until this request's client may present a credential again (0: now)."""
-    return _throttles().failures.wait(client_key(request.remote_addr))
+def failures_retry_after() -> int:
+    """The whole seconds until this request's client may present a credential again (0:
+    now)."""
+    wait_s = _throttles().failures.wait(client_key(request.remote_addr))
+    return max(1, math.ceil(wait_s)) if wait_s > 0 else 0
 
 
 def check_failures() -> None:
     """Call before checking a credential. Raises: `TooManyRequests` while this request's
     client has used up its failed attempts."""
-    wait_s = failures_wait()
-    if wait_s > 0:
-        raise _refuse(wait_s, "too many failed attempts from this address")
+    retry_after_s = failures_retry_after()
+    if retry_after_s:
+        raise TooManyRequests(
+            "too many failed attempts from this address", retry_after_s=retry_after_s
+        )
 
 
 def record_failure() -> None:

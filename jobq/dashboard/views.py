@@ -11,7 +11,6 @@ Each page renders whole; `dashboard.js` fetches it again every few seconds and s
 from __future__ import annotations
 
 import functools
-import math
 import time
 from collections import deque
 from typing import Any
@@ -141,9 +140,8 @@ async def login_post() -> Response:
     session.check_login_origin()
     form = await request.form
     target = _safe_next(form.get("next"))
-    wait_s = throttle.failures_wait()
-    if wait_s > 0:
-        retry = max(1, math.ceil(wait_s))
+    retry = throttle.failures_retry_after()
+    if retry:
         error = f"Too many wrong tokens from your address: try again in {retry} s."
         page = await _page("login.html", status=429, next=target, error=error)
         page.headers["Retry-After"] = str(retry)

@@ -6,12 +6,14 @@ walks to the year 9999 (seconds of CPU), and every search walks from the rule's 
 (a reminder every minute, a year on, walks half a million periods to find its next one).
 
 Here each search has a `Budget`: candidate times (a period's days times the times of each day,
-counted as dateutil builds them), wall time, and a horizon (`MAX_GAP` past where it starts).
-Past any of them it raises `OverBudget`, a `ValueError` (the API answers 422). And each search
-starts at the period it needs rather than at the rule's first: the rule is first made
-explicit (`normalized`: the parts dateutil would take from its start, such as the hour of a
-daily rule, are written out), so that it yields the same occurrences from the start of any of
-its periods (`Rule.rebased`); a COUNT is turned into the UNTIL of its last occurrence, once.
+counted as dateutil builds them), CPU time, and a horizon (`MAX_GAP` past where it starts, or
+past the last occurrence it found). Past any of them it raises `OverBudget`, a `ValueError`
+(the API answers 422). And each search starts at the period it needs rather than at the
+rule's first: the rule is first made explicit (`normalized`: the parts dateutil would take
+from its start, such as the hour of a daily rule, are written out), so that it yields the same
+occurrences from the start of any of its periods (`jobq.queue.recurrence.Rule`); a COUNT is
+turned into the UNTIL of its last occurrence, once. Requests run their searches in one thread
+of their own (`off_loop`), never on the event loop.
 
 The budget is counted by dateutil's own walk (`_BudgetedInfo`, its per-period helper with a
 meter; `_budgeted_iter`, its generator run with that helper): the rule's semantics stay
