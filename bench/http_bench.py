@@ -59,6 +59,7 @@ LIFTED_LIMITS = {
     "JOBQ_WEBHOOK_SECRET": WEBHOOK_SECRET,
     "JOBQ_WEBHOOK_ALLOW_PRIVATE": "true",  # the receiver listens on 127.0.0.1
     "JOBQ_RATE_LIMIT_PER_S": "0",  # measured without the per-key rate limit
+    "JOBQ_SIGNUP_RATE_PER_HOUR": "0",  # ... nor the sign-ups' per address (one makes them all)
     # every user's webhook is the one receiver, one address: lift its per-address delivery
     # limits (20 per second by default) and the per-user share, which would pace the run rather
     # than measure it

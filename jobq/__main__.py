@@ -62,16 +62,19 @@ async def serve(settings: Settings, fd: int | None = None) -> None:
     await serve_app(create_app(settings), settings, fd)
 
 
-async def serve_app(app: Any, settings: Settings, fd: int | None = None) -> None:
-    """Serve the ASGI `app` with hypercorn on `settings.http_host:http_port` (or the listening
-    socket `fd`) until SIGTERM/SIGINT, then shut it down: requests in progress get the drain
-    timeout, the app's own stop (its worker's drain) the drain timeout plus 10 s."""
-    from hypercorn.asyncio import serve as hypercorn_serve
+def http_config(settings: Settings) -> Any:
+    """Hypercorn's `Config` for the settings (its `bind` left to the caller): the drain and
+    shutdown timeouts, the loggers, and the deadlines of a request's parts. A connection must
+    send a request's headers within `HEADER_TIMEOUT_S` of its opening (or of the previous
+    answer: hypercorn's keep-alive timeout), or it is closed; the body has
+    `JOBQ_BODY_TIMEOUT_S` from there (the app's, `jobq.app`); a header block is at most
+    `MAX_HEADER_BYTES`."""
     from hypercorn.config import Config
 
     config = Config()
-    config.bind = [f"fd://{fd}" if fd is not None else f"{settings.http_host}:{settings.http_port}"]
     config.graceful_timeout = settings.drain_timeout.total_seconds()
+    config.keep_alive_timeout = HEADER_TIMEOUT_S
+    config.h11_max_incomplete_size = MAX_HEADER_BYTES
     # Hypercorn's loggers propagate to ours: one format, no duplicated lines.
     access = logging.getLogger("hypercorn.access")
     # Hypercorn builds each access record (the whole environ included) before the logger's
@@ -79,6 +82,24 @@ async def serve_app(app: Any, settings: Settings, fd: int | None = None) -> None
     config.accesslog = access if access.isEnabledFor(logging.INFO) else None
     config.errorlog = logging.getLogger("hypercorn.error")
     config.shutdown_timeout = settings.drain_timeout.total_seconds() + 10
+    return config
+
+
+HEADER_TIMEOUT_S = 5
+"""How long a connection may take to send a request's headers (hypercorn's default)."""
+MAX_HEADER_BYTES = 16 * 1024
+"""The largest request line and headers hypercorn reads (h11's limit; its default)."""
+
+
+async def serve_app(app: Any, settings: Settings, fd: int | None = None) -> None:
+    """Serve the ASGI `app` with hypercorn (`http_config`) on `settings.http_host:http_port`
+    (or the listening socket `fd`) until SIGTERM/SIGINT, then shut it down: requests in
+    progress get the drain timeout, the app's own stop (its worker's drain) the drain timeout
+    plus 10 s."""
+    from hypercorn.asyncio import serve as hypercorn_serve
+
+    config = http_config(settings)
+    config.bind = [f"fd://{fd}" if fd is not None else f"{settings.http_host}:{settings.http_port}"]
     stop = asyncio.Event()
     _signals(stop)
     await hypercorn_serve(app, config, shutdown_trigger=stop.wait)

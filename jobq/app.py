@@ -19,12 +19,24 @@ from pydantic import ValidationError
 from quart import Quart, Response, request
 from quart_schema import Info, QuartSchema, RequestSchemaValidationError
 from werkzeug.exceptions import HTTPException, NotFound
-from werkzeug.routing import IntegerConverter
+from werkzeug.routing import BaseConverter, IntegerConverter
 
 from jobq import dashboard, db, jobs, tracing
-from jobq.api import admin, auth, exports, health, metrics, openapi, queues, reminders, users
+from jobq.api import (
+    admin,
+    auth,
+    docs,
+    exports,
+    health,
+    metrics,
+    openapi,
+    queues,
+    reminders,
+    users,
+)
 from jobq.api import jobs as jobs_api
 from jobq.api import workflows as workflows_api
+from jobq.api.throttle import Throttles
 from jobq.config import Settings
 from jobq.db import Database
 from jobq.domain.types import BIGINT_MAX
@@ -46,6 +58,15 @@ DATABASE_DOWN = (
     asyncpg.TooManyConnectionsError,
 )
 """Errors that mean the database is unreachable (mapped to 503), not that a request is wrong."""
+
+
+HTML_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+}
+"""Headers every HTML answer gets unless its view set its own (`Content-Security-Policy`)."""
 
 
 def database_down(exc: BaseException) -> bool:
@@ -75,15 +96,26 @@ def error_body(code: str, detail: Any, status: int) -> Response:
 
 
 class IdConverter(IntegerConverter):
-    """`<int:...>` in routes: a number beyond PostgreSQL's bigint names no row, so it is a 404
-    here rather than a database error. (Raised, not a conversion failure: that would let
-    Werkzeug answer 405 where another method's rule has the same path.)"""
+    """`<int:...>` in routes: ASCII digits only (Werkzeug's `\\d` also takes `²` or Arabic-Indic
+    digits, which name no row), so another spelling matches no route (404). A number beyond
+    PostgreSQL's bigint names no row either, so it is a 404 here rather than a database error.
+    (Raised, not a conversion failure: that would let Werkzeug answer 405 where another
+    method's rule has the same path.)"""
+
+    regex = r"[0-9]+"
 
     def to_python(self, value: str) -> int:
         number: int = super().to_python(value)
         if number > BIGINT_MAX:
             raise NotFound()
         return number
+
+
+class QueueNameConverter(BaseConverter):
+    """`<queue:...>` in routes: a queue's name as queues are declared (`QUEUE_NAME`); anything
+    else (a NUL, upper case, 64 characters or more) names no queue and matches no route (404)."""
+
+    regex = r"[a-z][a-z0-9_.:-]{0,62}"
 
 
 def _snake(name: str) -> str:
@@ -144,13 +176,20 @@ def create_app(settings: Settings | None = None) -> Quart:
     settings = settings or Settings()
     app = Quart("jobq")
     app.url_map.converters["int"] = IdConverter  # before the blueprints add their routes
+    app.url_map.converters["queue"] = QueueNameConverter
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.config["BODY_TIMEOUT"] = settings.body_timeout.total_seconds()  # 408 past it
     app.extensions["jobq.settings"] = settings
     app.extensions["jobq.rate_limiter"] = auth.rate_limiter(settings)
     app.extensions["jobq.key_cache"] = auth.key_cache()
+    app.extensions["jobq.throttles"] = Throttles.of(settings)
     QuartSchema(
         app,
         info=Info(title="jobq", version="0.1.0"),
+        # its pages load scripts from CDNs: /docs is jobq's own (jobq.api.docs)
+        swagger_ui_path=None,
+        redoc_ui_path=None,
+        scalar_ui_path=None,
         openapi_provider_class=openapi.Provider,  # documents every error response
         security_schemes={
             admin.SECURITY_SCHEME: {"type": "http", "scheme": "bearer"},
@@ -167,11 +206,21 @@ def create_app(settings: Settings | None = None) -> Quart:
         queues.bp,
         metrics.bp,
         workflows_api.bp,
+        docs.bp,
         dashboard.bp,
     ):
         app.register_blueprint(blueprint)
     _register_errors(app)
     tracing.instrument_app(app)  # a span per request, with the `otel` extra
+
+    @app.after_request
+    async def html_headers(response: Response) -> Response:
+        # Every HTML page gets a policy: its own (the dashboard's, the docs'), else the
+        # strictest, which lets the page load nothing at all.
+        if response.mimetype == "text/html":
+            for name, value in HTML_HEADERS.items():
+                response.headers.setdefault(name, value)
+        return response
 
     @app.before_serving
     async def start() -> None:
@@ -215,7 +264,8 @@ def create_app(settings: Settings | None = None) -> Quart:
     async def bind_database() -> Response | None:
         db.bind(app.extensions["jobq.db"])
         # Read the body, whatever the method and whether the view wants it: beyond
-        # MAX_CONTENT_LENGTH that raises 413 (a view that ignores bodies would otherwise run).
+        # MAX_CONTENT_LENGTH that raises 413, beyond BODY_TIMEOUT 408 (a view that ignores
+        # bodies would otherwise run, and a slow sender hold its connection).
         # Read rather than trust Content-Length: a chunked HTTP/1.1 or an HTTP/2 request has a
         # body without one.
         body = await request.get_data()

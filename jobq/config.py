@@ -92,6 +92,19 @@ def webhook_key(secret: str) -> bytes | None:
     return key if len(key) >= MIN_SECRET_BYTES else None
 
 
+MIN_TOKEN_LENGTH = 16
+MIN_TOKEN_DISTINCT = 10
+MAKE_TOKEN = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'  # noqa: S105
+"""The command that makes a strong token (43 characters, 256 random bits)."""
+
+
+def strong_token(token: str) -> bool:
+    """Whether `token` looks random enough for a bearer secret: at least `MIN_TOKEN_LENGTH`
+    characters, `MIN_TOKEN_DISTINCT` of them different (`aaaaaaaaaaaaaaaa` and
+    `abababababababab` are not; `secrets.token_urlsafe(32)` always is)."""
+    return len(token) >= MIN_TOKEN_LENGTH and len(set(token)) >= MIN_TOKEN_DISTINCT
+
+
 def _env(name: str) -> Any:
     """A field read from `JOBQ_<NAME>` that can also be set by its Python name."""
     return AliasChoices(name.lower(), f"JOBQ_{name}")
@@ -131,6 +144,12 @@ class Settings(BaseSettings):
     http_host: str = Field(default="127.0.0.1", validation_alias=_env("HTTP_HOST"))
     http_port: int = Field(default=8000, ge=0, le=65535, validation_alias=_env("HTTP_PORT"))
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, validation_alias=_env("MAX_BODY_BYTES"))
+    body_timeout: Seconds = Field(
+        default=timedelta(seconds=10), validation_alias=_env("BODY_TIMEOUT_S")
+    )
+    """How long a request's body may take to arrive, whole, from the end of its headers
+    (which have 5 s from the connection's opening: `jobq.__main__.http_config`); past that,
+    408 and the connection is closed. 64 KiB in 10 s is 6.5 KB/s."""
     min_pool_size: int = Field(default=2, ge=1, validation_alias=_env("MIN_POOL_SIZE"))
     max_pool_size: int = Field(default=10, ge=1, validation_alias=_env("MAX_POOL_SIZE"))
     db_command_timeout: Seconds = Field(
@@ -240,10 +259,12 @@ class Settings(BaseSettings):
     )
     """How much of a webhook's answer is read; the rest is not (its status decides)."""
     admin_token: Annotated[SecretStr | None, BeforeValidator(_unset_if_blank)] = Field(
-        default=None, min_length=16, validation_alias=_env("ADMIN_TOKEN")
+        default=None, validation_alias=_env("ADMIN_TOKEN")
     )
-    """Bearer token of the admin endpoints (`/jobs/dead`, `/workers`); at least 16
-    characters. Unset: those endpoints answer 404."""
+    """Bearer token of the admin endpoints (`/jobs/dead`, `/workers`, `/jobs/stats`,
+    `/metrics`) and the dashboard: at least 16 characters, 10 of them different (a weak
+    token stops the process at start, saying how to make one). Unset: those endpoints
+    answer 404."""
     signup: Literal["open", "admin"] = Field(default="open", validation_alias=_env("SIGNUP"))
     """Who may create users (`POST /users`): `open` (anyone) or `admin` (the admin token)."""
     rate_limit_per_s: float = Field(default=10, ge=0, validation_alias=_env("RATE_LIMIT_PER_S"))
@@ -251,6 +272,17 @@ class Settings(BaseSettings):
     process); 0: no limit."""
     rate_limit_burst: int = Field(default=50, ge=1, validation_alias=_env("RATE_LIMIT_BURST"))
     """Requests one API key may make at once before `rate_limit_per_s` applies."""
+    signup_rate_per_hour: float = Field(
+        default=20, ge=0, validation_alias=_env("SIGNUP_RATE_PER_HOUR")
+    )
+    """Sign-ups (`POST /users`, open) one client address may make per hour on average, after
+    5 at once (`jobq.api.throttle`, per process); 0: no limit."""
+    auth_failures_per_min: float = Field(
+        default=10, ge=0, validation_alias=_env("AUTH_FAILURES_PER_MIN")
+    )
+    """Failed credentials (API keys, the admin token, the dashboard's login) one client address
+    may send per minute on average, after 10 at once; past that, its requests with a credential
+    get 429 until the allowance refills (`jobq.api.throttle`, per process); 0: no limit."""
     max_reminders_per_user: int = Field(
         default=1000, ge=1, validation_alias=_env("MAX_REMINDERS_PER_USER")
     )
@@ -258,7 +290,12 @@ class Settings(BaseSettings):
     max_exports_per_user: int = Field(
         default=100, ge=1, validation_alias=_env("MAX_EXPORTS_PER_USER")
     )
-    """How many exports a user may have (they are kept)."""
+    """How many exports a user may have (they are kept until deleted)."""
+    max_export_bytes_per_user: int = Field(
+        default=10 * 1024 * 1024, ge=1024, validation_alias=_env("MAX_EXPORT_BYTES_PER_USER")
+    )
+    """How many bytes a user's export files may take in all: no export is requested past it,
+    and one whose file would go past it fails."""
     max_keys_per_user: int = Field(default=10, ge=1, validation_alias=_env("MAX_KEYS_PER_USER"))
     """How many unrevoked API keys a user may have."""
     webhook_allow_private: bool = Field(
@@ -315,11 +352,24 @@ class Settings(BaseSettings):
         "metrics_flush_interval",
         "metrics_snapshot_interval",
         "webhook_total_timeout",
+        "body_timeout",
     )
     @classmethod
     def _positive(cls, value: timedelta) -> timedelta:
         if value <= timedelta(0):
             raise ValueError("must be > 0 seconds")
+        return value
+
+    @field_validator("admin_token")
+    @classmethod
+    def _strong_admin_token(cls, value: SecretStr | None) -> SecretStr | None:
+        # Guessing is throttled per client address (jobq.api.throttle), which bounds the
+        # guesses, not their odds: a short or repetitive token is refused whatever its origin.
+        if value is not None and not strong_token(value.get_secret_value()):
+            raise ValueError(
+                f"too weak: at least {MIN_TOKEN_LENGTH} characters, {MIN_TOKEN_DISTINCT} of them"
+                f" different; make one with: {MAKE_TOKEN}"
+            )
         return value
 
     @model_validator(mode="after")

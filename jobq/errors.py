@@ -102,6 +102,17 @@ class UnsafeWebhook(JobqError):
         return [{"type": "unsafe_webhook", "loc": ["webhook_url"], "msg": self.message}]
 
 
+class InvalidRecurrence(JobqError):
+    """The recurrence cannot be used."""
+
+    status = 422
+    code = "validation_error"
+
+    def detail(self) -> Any:
+        """A field-level error of `recurrence`, like the other 422s."""
+        return [{"type": "value_error", "loc": ["recurrence"], "msg": self.message}]
+
+
 class CrossSiteRefused(JobqError):
     """A state-changing request without this site's CSRF token, or from another origin."""
 

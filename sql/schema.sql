@@ -545,7 +545,7 @@ CREATE INDEX job_trace_created_idx ON job_trace (created_at);
 -- Users, their reminders (each delivered by a send_reminder job, or by a schedule when
 -- recurring), iCalendar exports (each rendered by a render_export job) and API keys.
 
--- The service's users.
+-- The service's users. `email` is the user's own say-so: not verified, not unique.
 CREATE TABLE users (
     id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name        text        NOT NULL,
@@ -553,8 +553,6 @@ CREATE TABLE users (
     webhook_url text,
     created_at  timestamptz NOT NULL
 );
-
-CREATE UNIQUE INDEX users_email_key ON users (lower(email));
 
 -- A user's reminders. A reminder with an RRULE is recurring: delivered at each occurrence, by a
 -- schedule of its own in job_schedule (name 'reminder:<id>', jobq.domain.reminders).
@@ -653,3 +651,12 @@ CREATE TABLE webhook_hold (
 );
 
 CREATE INDEX webhook_hold_address_idx ON webhook_hold (address);
+
+-- The dashboard's sessions, server-side: a session lives from its login until its logout or
+-- its expiry; the cookie names it (jobq.dashboard.session). `id`: SHA-256 of the cookie's
+-- random nonce, so that the table holds nothing a browser could present.
+CREATE TABLE dashboard_session (
+    id         bytea       PRIMARY KEY,
+    created_at timestamptz NOT NULL,
+    expires_at timestamptz NOT NULL
+);

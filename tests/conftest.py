@@ -73,6 +73,7 @@ TABLES = [
     "job_dependency",
     "job_waiting",
     "job_sequence",
+    "dashboard_session",
 ]
 
 
@@ -153,6 +154,8 @@ def make_settings(database_url: str, **overrides: Any) -> Settings:
         "webhook_timeout": timedelta(seconds=2),
         "webhook_allow_private": True,  # the test receivers listen on 127.0.0.1
         "rate_limit_per_s": 0,  # tests of the rate limit set their own
+        "signup_rate_per_hour": 0,  # ... and of the throttles of client addresses
+        "auth_failures_per_min": 0,
     }
     values.update(overrides)
     return Settings(_env_file=None, **values)

@@ -24,6 +24,7 @@ from werkzeug.datastructures import WWWAuthenticate
 from werkzeug.exceptions import NotFound, Unauthorized
 
 from jobq import clock, db, errors
+from jobq.api import throttle
 from jobq.api.audit import audit
 from jobq.config import Settings
 from jobq.db import read_transaction, write_transaction
@@ -78,21 +79,34 @@ def authorize(settings: Settings, authorization: str | None) -> None:
         raise Refused("wrong token", "invalid_token")
 
 
+def authorize_request(settings: Settings, what: str = "admin request") -> None:
+    """Return when this request carries the admin token (`authorize`), counting a wrong one
+    against its client's address (`jobq.api.throttle`) and logging refusals as `what`.
+    Raises: `NotFound` with no token configured; `TooManyRequests` (429) while the address
+    has no failed attempt left, before the token is looked at; `Refused` (401)."""
+    if settings.admin_token is None:
+        raise NotFound()
+    authorization = request.headers.get("Authorization")
+    if authorization:
+        throttle.check_failures()
+    try:
+        authorize(settings, authorization)
+    except Refused as exc:
+        log.warning("%s refused (%s): %s %s", what, exc.reason, request.method, request.path)
+        if authorization:
+            throttle.record_failure()
+        raise
+
+
 def admin_only(
     fn: Callable[P, Awaitable[T]],
 ) -> Callable[P, Coroutine[Any, Any, T]]:
-    """Require the admin token (see `authorize`) before `fn` runs, and log refusals. Put it
-    right under the route decorator, above the validation decorators."""
+    """Require the admin token (see `authorize_request`) before `fn` runs. Put it right under
+    the route decorator, above the validation decorators."""
 
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        try:
-            authorize(current_app.extensions["jobq.settings"], request.headers.get("Authorization"))
-        except Refused as exc:
-            log.warning(
-                "admin request refused (%s): %s %s", exc.reason, request.method, request.path
-            )
-            raise
+        authorize_request(current_app.extensions["jobq.settings"])
         return await fn(*args, **kwargs)
 
     return wrapper

@@ -10,7 +10,9 @@ cannot tell another user's resources from missing ones.
 
 Each key may make `rate_limit_burst` requests at once and `rate_limit_per_s` on average (a
 token bucket per key, kept in this process: with N web processes a key gets up to N times the
-rate); beyond that, 429 `too_many_requests` with `Retry-After` (whole seconds).
+rate); beyond that, 429 `too_many_requests` with `Retry-After` (whole seconds). Wrong keys count
+against their sender's address (`jobq.api.throttle`): past its allowance, 429 before any key
+is checked.
 """
 
 from __future__ import annotations
@@ -18,10 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 from quart import current_app, g, request
@@ -29,6 +28,8 @@ from quart_schema import security_scheme
 from werkzeug.datastructures import WWWAuthenticate
 from werkzeug.exceptions import Unauthorized
 
+from jobq.api import throttle
+from jobq.api.throttle import RateLimiter
 from jobq.config import Settings
 from jobq.domain import keys
 from jobq.errors import NotFound, TooManyRequests
@@ -52,40 +53,6 @@ class KeyRefused(Unauthorized):
             challenge["error"] = "invalid_token"  # RFC 6750, 3.1
         super().__init__("send Authorization: Bearer <api_key>", www_authenticate=challenge)
         self.reason = reason
-
-
-@dataclass
-class _Bucket:
-    tokens: float
-    updated: float
-
-
-class RateLimiter:
-    """Token buckets per key id: `burst` tokens, refilled at `per_s` a second (monotonic
-    clock). Keeps the `max_keys` most recently used buckets (a forgotten bucket is full)."""
-
-    def __init__(self, per_s: float, burst: int, max_keys: int = 100_000) -> None:
-        self.per_s = per_s
-        self.burst = burst
-        self.max_keys = max_keys
-        self._buckets: OrderedDict[int, _Bucket] = OrderedDict()
-
-    def take(self, key_id: int, now: float | None = None) -> float:
-        """Take one token for `key_id`: return 0 when allowed, else the seconds until a token
-        is there."""
-        if self.per_s <= 0:
-            return 0.0
-        now = time.monotonic() if now is None else now
-        bucket = self._buckets.pop(key_id, None) or _Bucket(float(self.burst), now)
-        bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.updated) * self.per_s)
-        bucket.updated = now
-        self._buckets[key_id] = bucket
-        if len(self._buckets) > self.max_keys:
-            self._buckets.popitem(last=False)
-        if bucket.tokens >= 1:
-            bucket.tokens -= 1
-            return 0.0
-        return (1 - bucket.tokens) / self.per_s
 
 
 def bearer(authorization: str | None) -> str | None:
@@ -120,11 +87,15 @@ def user_only(
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         token = bearer(request.headers.get("Authorization"))
+        if token is not None:
+            throttle.check_failures()
         cache: keys.KeyCache = current_app.extensions["jobq.key_cache"]
         found = None if token is None else await keys.authenticate(token, cache)
         if found is None:
             reason = "no key" if token is None else "wrong key"
             log.info("request refused (%s): %s %s", reason, request.method, request.path)
+            if token is not None:
+                throttle.record_failure()
             raise KeyRefused(reason)
         user_id, key_id = found
         g.jobq_user_id, g.jobq_key_id = user_id, key_id

@@ -1,16 +1,17 @@
-"""`/exports/<id>`: the caller's own exports (another user's answer 404), and their iCalendar
-files once done."""
+"""`/exports/<id>`: the caller's own exports (another user's answer 404), their iCalendar
+files once done, and their deletion."""
 
 from __future__ import annotations
 
 import contextlib
 
 from pydantic import BaseModel, ConfigDict, Field
-from quart import Blueprint, Response, jsonify, request, url_for
+from quart import Blueprint, Response, current_app, jsonify, request, url_for
 from quart_schema import document_response, validate_querystring
 
 from jobq.api.auth import current_user_id, user_only
-from jobq.db import read_transaction
+from jobq.config import Settings
+from jobq.db import read_transaction, write_transaction
 from jobq.domain import exports
 from jobq.domain.exports import Export, ExportStatus
 from jobq.errors import Conflict, NotFound
@@ -72,3 +73,14 @@ async def _export(export_id: int) -> Export:
 async def download_export(export_id: int) -> Response:
     """The iCalendar file once done; 409 before."""
     return await _file(export_id)
+
+
+@bp.delete("/exports/<int:export_id>")
+@user_only
+@write_transaction
+async def delete_export(export_id: int) -> tuple[str, int]:
+    """Delete an export and its file (a pending one's job is cancelled): 204. What it took
+    counts no more against `JOBQ_MAX_EXPORTS_PER_USER` and `JOBQ_MAX_EXPORT_BYTES_PER_USER`."""
+    settings: Settings = current_app.extensions["jobq.settings"]
+    await exports.delete_export(export_id, current_user_id(), retain=settings.retain)
+    return "", 204

@@ -8,13 +8,14 @@ quart-schema documents each view's success model; `Provider` makes the rest exac
   (`jobq.api.problems`: `NotFoundError`, `ConflictError`, `ValidationFailed`, ...);
 - from the shape of each route, the JSON errors of `jobq.app`'s mapping (body: `Error`):
   500 `internal_error` and 503 `database_unavailable` everywhere; 405 `method_not_allowed`
-  everywhere (another method on the same path; `Allow` lists the path's methods); 413
-  `request_entity_too_large` everywhere; 404 `not_found` on a route with an id in its path,
-  and on secured routes; 401 `unauthorized` (with `WWW-Authenticate`) on secured routes; 429
-  `too_many_requests` (with `Retry-After`) on the routes of a user's API key; 415
-  `unsupported_media_type` on POST, PUT and PATCH; 400 `bad_request` where a JSON body is
-  read; 422 `validation_error` where a body or a query string is validated;
-- from `ENDPOINT_RESPONSES`, what only a view knows: its 409s, 204s with no content,
+  everywhere (another method on the same path; `Allow` lists the path's methods); 408
+  `request_timeout` and 413 `request_entity_too_large` everywhere; 404 `not_found` on a route
+  with an id in its path, and on secured routes; 401 `unauthorized` (with `WWW-Authenticate`)
+  and 429 `too_many_requests` (with `Retry-After`: a key's rate limit, or a client address's
+  failed credentials) on secured routes; 415 `unsupported_media_type` on POST, PUT and PATCH;
+  400 `bad_request` where a JSON body is read; 422 `validation_error` where a body or a query
+  string is validated;
+- from `ENDPOINT_RESPONSES`, what only a view knows: its 409s, 429s, 204s with no content,
   iCalendar files (`text/calendar`, a string: generated clients read it as text), the
   `Location` header of a 202, the 303 of an export asked for as a file.
 """
@@ -30,20 +31,21 @@ from quart_schema import OpenAPIProvider
 from quart_schema.validation import DataSource
 from werkzeug.routing import Rule
 
-from jobq.api import admin, auth, problems
+from jobq.api import admin, problems
 from jobq.config import Settings
 
 BODY_METHODS = {"post", "put", "patch"}
 
-Extra = Literal["conflict", "no_content", "calendar", "location", "see_file", "signup"]
+Extra = Literal["conflict", "throttled", "no_content", "calendar", "location", "see_file", "signup"]
 
 ENDPOINT_RESPONSES: dict[str, dict[int, Extra]] = {
-    "users.create_user": {409: "conflict", 401: "signup"},
+    "users.create_user": {429: "throttled", 401: "signup"},
     "users.create_key": {409: "conflict"},
     "users.revoke_key": {204: "no_content"},
     "users.create_reminder": {409: "conflict"},
     "users.request_export": {202: "location", 409: "conflict"},
     "reminders.delete_reminder": {204: "no_content", 409: "conflict"},
+    "exports.delete_export": {204: "no_content"},
     "exports.get_export": {303: "see_file"},
     "exports.download_export": {200: "calendar", 409: "conflict"},
     "admin.retry_dead_job": {409: "conflict"},
@@ -64,12 +66,14 @@ ERRORS = {
     404: "`not_found`: no such resource, or not the caller's (on admin routes: no admin "
     "token configured).",
     405: "`method_not_allowed`: the path exists, not with this method (`Allow` lists them).",
+    408: "`request_timeout`: the body did not arrive within `JOBQ_BODY_TIMEOUT_S`.",
     409: "`conflict` (the request conflicts with the resource's current state) or "
     "`limit_reached` (a per-user limit; `detail.limit` gives it).",
     413: "`request_entity_too_large`: the body is larger than `JOBQ_MAX_BODY_BYTES`.",
     415: "`unsupported_media_type`: a body that is not `application/json`.",
     422: "`validation_error`: `detail` lists the field-level errors.",
-    429: "`too_many_requests`: this API key's rate limit; retry after `Retry-After` seconds.",
+    429: "`too_many_requests`: this API key's rate limit, or too many failed credentials (or "
+    "sign-ups) from the client's address; retry after `Retry-After` seconds.",
     500: "`internal_error`: an unexpected error (logged).",
     503: "`database_unavailable`: the database is not answering; try again shortly.",
 }
@@ -171,13 +175,13 @@ class Provider(OpenAPIProvider):
 
     @staticmethod
     def _statuses(rule: Rule, method: str, operation: dict[str, Any]) -> list[int]:
-        statuses = [405, 413, 500, 503]
+        statuses = [405, 408, 413, 500, 503]
         secured = _secured_by(operation)
         if rule.arguments or secured:
             statuses.append(404)
         if secured:
             statuses.append(401)
-        if auth.SECURITY_SCHEME in secured:
+        if secured:  # a key's rate limit; any credential: its sender's failed attempts
             statuses.append(429)
         if method in BODY_METHODS:
             statuses.append(415)
@@ -194,7 +198,7 @@ class Provider(OpenAPIProvider):
     ) -> None:
         responses = operation["responses"]
         calendar = {"text/calendar": {"schema": {"type": "string"}}}
-        if extra == "conflict":
+        if extra in ("conflict", "throttled"):
             responses[status] = error_response(status)
         elif extra == "no_content":
             responses[status] = {"description": "Done; no content."}

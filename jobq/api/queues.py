@@ -87,7 +87,7 @@ async def _set_paused(name: str, *, paused: bool) -> tuple[str, int]:
     return "", 204
 
 
-@bp.post("/queues/<name>/pause")
+@bp.post("/queues/<queue:name>/pause")
 @admin_only
 @write_transaction
 async def pause_queue(name: str) -> tuple[str, int]:
@@ -96,7 +96,7 @@ async def pause_queue(name: str) -> tuple[str, int]:
     return await _set_paused(name, paused=True)
 
 
-@bp.post("/queues/<name>/resume")
+@bp.post("/queues/<queue:name>/resume")
 @admin_only
 @write_transaction
 async def resume_queue(name: str) -> tuple[str, int]:

@@ -28,8 +28,8 @@ async def get_reminder(reminder_id: int) -> Reminder:
 @user_only
 @write_transaction
 async def delete_reminder(reminder_id: int) -> tuple[str, int]:
-    """Cancel a reminder and its job (a delivery running is cancelled too; a recurring one's
-    future occurrences stop): 204. 409 once sent."""
+    """Delete a reminder: 204. One not yet sent is cancelled with its job (a delivery running
+    is cancelled too; a recurring one's future occurrences stop); a sent one is forgotten."""
     settings: Settings = current_app.extensions["jobq.settings"]
     await reminders.cancel_reminder(reminder_id, current_user_id(), retain=settings.retain)
     return "", 204

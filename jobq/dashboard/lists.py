@@ -25,6 +25,7 @@ from jobq.api.audit import audit
 from jobq.dashboard import session
 from jobq.dashboard.views import PAGE_SIZE, _back, _page, _settings, bp
 from jobq.db import Connection
+from jobq.domain.types import parse_id
 from jobq.errors import Conflict, NotFound
 from jobq.queue import control, dead
 from jobq.queue.control import JobState
@@ -98,11 +99,12 @@ async def jobs() -> Response:
     the last id of the page before). 400 for a malformed search; 503 when it takes longer than
     `SEARCH_TIMEOUT_MS` (it is cancelled)."""
     args = {k: v.strip() for k, v in request.args.items() if v.strip() and k != "done"}
-    job_id = args.pop("id", None)
-    if job_id is not None:
-        if not job_id.isdigit() or int(job_id) >= 2**63:
+    given = args.pop("id", None)
+    if given is not None:
+        job_id = parse_id(given)
+        if job_id is None:
             return await _search_page(400, "An id is a whole number.", {})
-        return _back("dashboard.job", job_id=int(job_id))
+        return _back("dashboard.job", job_id=job_id)
     try:
         arguments = _arguments(args.get("arguments"))
         query = JobsQuery.model_validate(
@@ -148,11 +150,12 @@ async def jobs_cancel() -> Response:
     already, or gone, is counted apart; one cancelled before is not audited again."""
     form = await request.form
     ids = form.getlist("id")
-    if not ids or not all(i.isdigit() and int(i) < 2**63 for i in ids):
+    job_ids = {parse_id(i) for i in ids}
+    if not ids or None in job_ids:
         raise Conflict("tick at least one job, then press cancel")
     done, already, skipped = 0, 0, 0
     retain = _settings().retain
-    for job_id in sorted({int(i) for i in ids}):
+    for job_id in sorted(i for i in job_ids if i is not None):
         try:
             async with db.transaction() as conn:
                 result = await control.cancel(conn, job_id, now=clock.now(), retain=retain)
@@ -232,8 +235,7 @@ async def dead_letter() -> Response:
     """The dead letter, newest first, `PAGE_SIZE` at a time, filtered by queue, type, error
     text and arguments; each job with retry and discard, the ticked ones in bulk, and every one
     the filter matches."""
-    after = request.args.get("after", "")
-    after_id = int(after) if after.isdigit() and int(after) < 2**63 else None
+    after_id = parse_id(request.args.get("after", ""))
     try:
         where, given = _dead_filter(request.args)
     except ValueError as exc:
@@ -310,9 +312,9 @@ async def dead_action() -> Response:
     if verb in ("retry_matching", "discard_matching"):
         verb = verb.removesuffix("_matching")
         done, skipped, more = await _every_matching(verb, where)
-    elif verb in ("retry", "discard") and ids and all(i.isdigit() for i in ids):
+    elif verb in ("retry", "discard") and ids and None not in {parse_id(i) for i in ids}:
         done = skipped = 0
-        for job_id in sorted({int(i) for i in ids if int(i) < 2**63}):
+        for job_id in sorted({i for i in map(parse_id, ids) if i is not None}):
             if await _one(verb, job_id):
                 done += 1
             else:

@@ -6,7 +6,10 @@ answer 404, like the admin endpoints. Two ways to give it:
 - the login form: the token is checked (constant time) and a session cookie is set,
   `jobq_dashboard=<issued>.<nonce>.<signature>` with `HttpOnly; Secure; SameSite=Strict;
   Path=/dashboard`. The signature is HMAC-SHA256 under the admin token (so the cookie holds no
-  secret, and changing the token ends every session); a session lasts `SESSION_MAX_AGE`.
+  secret, and changing the token ends every session); a session lasts `SESSION_MAX_AGE`. The
+  session also lives on the server (`dashboard_session`, keyed by SHA-256 of the nonce): the
+  logout deletes it there, so the old cookie and its CSRF token are refused from then on,
+  by every web process.
 - `Authorization: Bearer <token>` on each request (scripts, the benchmark).
 
 A state-changing action (a POST) with the cookie must carry the session's CSRF token in the
@@ -32,8 +35,8 @@ from urllib.parse import urlsplit
 from quart import Response, current_app, g, request, url_for
 from werkzeug.exceptions import NotFound
 
-from jobq import clock
-from jobq.api.admin import Refused, authorize
+from jobq import clock, db, statements
+from jobq.api.admin import Refused, authorize_request
 from jobq.config import Settings
 from jobq.errors import CrossSiteRefused
 
@@ -77,21 +80,56 @@ def token_matches(settings: Settings, given: str) -> bool:
     return hmac.compare_digest(given.strip().encode(), _key(settings))
 
 
-def new_session(settings: Settings) -> str:
-    """A new session value: `<issued unix s>.<random nonce>.<HMAC of both>`."""
-    issued = f"{int(clock.now().timestamp())}.{secrets.token_urlsafe(16)}"
-    return f"{issued}.{_sign(settings, 'session', issued)}"
+def _session_id(value: str) -> bytes:
+    """The server-side id of cookie `value`: SHA-256 of its nonce."""
+    return hashlib.sha256(value.split(".")[1].encode()).digest()
 
 
-def session_valid(settings: Settings, value: str | None) -> bool:
+async def new_session(settings: Settings) -> str:
+    """Start a session (stored server-side until its logout or expiry); return its cookie's
+    value: `<issued unix s>.<random nonce>.<HMAC of both>`."""
+    now = clock.now()
+    issued = f"{int(now.timestamp())}.{secrets.token_urlsafe(16)}"
+    value = f"{issued}.{_sign(settings, 'session', issued)}"
+    async with db.transaction() as conn:
+        await statements.dashboard_session_create.execute(
+            conn, id=_session_id(value), now=now, expires_at=now + SESSION_MAX_AGE
+        )
+    return value
+
+
+def _signed(settings: Settings, value: str | None) -> bool:
     """Whether cookie `value` is a session signed under the admin token and not expired."""
     if not value or value.count(".") != 2:
         return False
     issued, _, signature = value.rpartition(".")
     if not hmac.compare_digest(signature.encode(), _sign(settings, "session", issued).encode()):
         return False
-    age = clock.now().timestamp() - int(issued.partition(".")[0])
+    stamp = issued.partition(".")[0]
+    if not stamp.isascii() or not stamp.isdigit():
+        return False
+    age = clock.now().timestamp() - int(stamp)
     return 0 <= age <= SESSION_MAX_AGE.total_seconds()
+
+
+async def session_valid(settings: Settings, value: str | None) -> bool:
+    """Whether cookie `value` is a live session: signed under the admin token, not expired,
+    and not ended by a logout (one primary-key lookup)."""
+    if value is None or not _signed(settings, value):
+        return False
+    async with db.transaction(readonly=True) as conn:
+        live: bool = await statements.dashboard_session_live.fetchval(
+            conn, id=_session_id(value), now=clock.now()
+        )
+    return live
+
+
+async def end_session(value: str | None) -> None:
+    """End the session of cookie `value` on the server (nothing for a malformed value)."""
+    if value is None or value.count(".") != 2:
+        return
+    async with db.transaction() as conn:
+        await statements.dashboard_session_end.execute(conn, id=_session_id(value))
 
 
 def csrf_token(settings: Settings, session: str) -> str:
@@ -140,15 +178,11 @@ def login_only(
         settings = _settings()
         require_token(settings)
         if "Authorization" in request.headers:
-            try:
-                authorize(settings, request.headers.get("Authorization"))
-            except Refused as exc:
-                log.warning("dashboard request refused (%s): %s", exc.reason, request.path)
-                raise
+            authorize_request(settings, "dashboard request")
             g.dashboard_csrf = ""
             return await fn(*args, **kwargs)
         session = request.cookies.get(COOKIE)
-        if not session_valid(settings, session):
+        if not await session_valid(settings, session):
             if request.method == "GET":
                 return see_other(url_for("dashboard.login", next=request.full_path))
             log.warning("dashboard request refused (no session): %s", request.path)

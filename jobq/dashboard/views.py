@@ -20,6 +20,7 @@ from quart import Blueprint, Response, current_app, g, render_template, request,
 from quart_schema import hide
 
 from jobq import clock, db
+from jobq.api import throttle
 from jobq.api.audit import audit
 from jobq.config import Settings
 from jobq.dashboard import format, session
@@ -42,7 +43,7 @@ PAGE_SIZE = 50
 """Rows of a job list or of the dead letter per page."""
 
 NEXT_OCCURRENCES = 3
-"""Occurrences shown per schedule."""
+"""Occurrences shown per schedule declared in code (a reminder's schedule shows its next)."""
 
 MAX_DEPTH = metrics.LIVE_COUNT_MAX
 """The overview counts a queue's ripe and scheduled jobs up to this many (then says "more
@@ -140,17 +141,26 @@ async def login_post() -> Response:
     session.check_login_origin()
     form = await request.form
     target = _safe_next(form.get("next"))
+    retry = throttle.failures_retry_after()
+    if retry:
+        error = f"Too many wrong tokens from your address: try again in {retry} s."
+        page = await _page("login.html", status=429, next=target, error=error)
+        page.headers["Retry-After"] = str(retry)
+        return page
     if not session.token_matches(settings, form.get("token", "")):
         session.log.warning("dashboard login refused (wrong token) from %s", request.remote_addr)
+        throttle.record_failure()
         return await _page("login.html", status=401, next=target, error="That is not the token.")
-    return session.set_session(session.see_other(target), session.new_session(settings))
+    return session.set_session(session.see_other(target), await session.new_session(settings))
 
 
 @bp.post("/logout")
 @hide
 @session.login_only
 async def logout() -> Response:
-    """End the session: the cookie is deleted."""
+    """End the session, on the server (its cookie and CSRF token are refused from now on) and
+    in the browser (the cookie is deleted)."""
+    await session.end_session(request.cookies.get(session.COOKIE))
     return session.set_session(_back("dashboard.login"), None)
 
 
@@ -182,8 +192,10 @@ async def overview() -> Response:
         schedules = await schedule.read_schedules(conn)
         vacuum = await metrics.vacuum_stats(conn, now=now)
         tables = await metrics.table_stats(conn)
-    for s in schedules:
-        s["occurrences"] = schedule.next_occurrences(s, NEXT_OCCURRENCES)
+    for s in schedules:  # a reminder's: its stored next one (a page shows thousands, each 5 s)
+        s["occurrences"] = schedule.next_occurrences(
+            s, NEXT_OCCURRENCES if s["source"] == "code" else 1
+        )
     return await _page(
         "overview.html",
         queues=queues,
@@ -198,7 +210,7 @@ async def overview() -> Response:
     )
 
 
-@bp.post("/queues/<name>/<any(pause, resume):verb>")
+@bp.post("/queues/<queue:name>/<any(pause, resume):verb>")
 @hide
 @session.login_only
 async def pause_queue(name: str, verb: str) -> Response:

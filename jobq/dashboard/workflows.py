@@ -12,6 +12,7 @@ from jobq import clock, db
 from jobq.api.audit import audit
 from jobq.dashboard import graph, session
 from jobq.dashboard.views import PAGE_SIZE, _back, _page, bp
+from jobq.domain.types import parse_id
 from jobq.errors import Conflict, NotFound
 from jobq.queue import workflows
 
@@ -26,8 +27,7 @@ async def workflow_list() -> Response:
     """The workflows and batches, newest first, `PAGE_SIZE` at a time (`after`: the last id of
     the page before), with their jobs counted by outcome; `unfinished=1`: only those not
     ended."""
-    after = request.args.get("after", "")
-    after_id = int(after) if after.isdigit() and int(after) < 2**63 else None
+    after_id = parse_id(request.args.get("after", ""))
     unfinished = request.args.get("unfinished") == "1"
     async with db.transaction(readonly=True) as conn:
         found = await workflows.list_workflows(

@@ -8,6 +8,7 @@ tells where the job is (`jobq.queue.control.job_states`)."""
 
 from __future__ import annotations
 
+import contextlib
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -16,7 +17,7 @@ from pydantic import AwareDatetime, BaseModel, Field
 
 from jobq import clock, db, statements
 from jobq.domain.users import require_user
-from jobq.errors import LimitReached, NotFound
+from jobq.errors import Conflict, DontRetry, LimitReached, NotFound
 from jobq.queue import Job, control, enqueue, enqueue_batch
 from jobq.queue.control import JobState
 
@@ -83,20 +84,31 @@ def _export(row: Any, job: control.JobStatus | None) -> Export:
 
 
 async def request_export(
-    user_id: int, *, max_exports: int, part_reminders: int = PART_REMINDERS
+    user_id: int, *, max_exports: int, max_bytes: int, part_reminders: int = PART_REMINDERS
 ) -> Export:
     """Insert a pending export and enqueue its job: one `render_export`, or for more than
     `part_reminders` reminders a batch of `render_export_part` jobs (each that many reminders,
     in the export's order, rendered in parallel) whose callback, `render_export`, assembles
     them. The export's `job_id` is `render_export`'s. Raises: `NotFound` for an unknown user;
-    `LimitReached` when the user has `max_exports` exports (checked under a lock of the user's
-    row)."""
+    `LimitReached` when the user has `max_exports` exports, or files of `max_bytes` bytes or
+    more (checked under a lock of the user's row): delete some first."""
     conn = db.conn()
     await require_user(user_id)
     await statements.user_lock.execute(conn, user_id=user_id)
     held = await statements.export_count.fetchval(conn, user_id=user_id)
     if held >= max_exports:
-        raise LimitReached("too many exports: use the ones made", limit=max_exports)
+        raise LimitReached(
+            "too many exports: delete some first",
+            limit=max_exports,
+            resource="exports",
+        )
+    stored = await statements.export_bytes.fetchval(conn, user_id=user_id)
+    if stored >= max_bytes:
+        raise LimitReached(
+            f"the exports' files take {stored} bytes: delete some first",
+            limit=max_bytes,
+            resource="export_bytes",
+        )
     export_id: int = await statements.export_create.fetchval(conn, user_id=user_id, now=clock.now())
     render = Job(
         job_type=RENDER_EXPORT,
@@ -220,13 +232,39 @@ async def parts(export_id: int) -> list[str]:
     ]
 
 
-async def store_export(export_id: int, content: str) -> bool:
+class TooLarge(DontRetry):
+    """The export's file would take its user's exports past their storage cap."""
+
+
+async def store_export(export_id: int, user_id: int, content: str, *, max_bytes: int) -> bool:
     """Store the rendered file once (and forget its parts); return False when it was stored
-    already."""
+    already (or the export is gone). Raises: `TooLarge` when it would take the user's files
+    past `max_bytes` (the user's exports are assembled one at a time: the queue's per-key
+    limit)."""
     conn = db.conn()
-    stored = await statements.export_store.fetchval(
+    size = len(content.encode())
+    stored = await statements.export_bytes.fetchval(conn, user_id=user_id)
+    if stored + size > max_bytes:
+        raise TooLarge(
+            f"the file is {size} bytes; the user's exports may take {max_bytes - stored} more",
+            limit=max_bytes,
+        )
+    done = await statements.export_store.fetchval(
         conn, export_id=export_id, content=content, now=clock.now()
     )
-    if stored is not None:
+    if done is not None:
         await statements.export_parts_clear.execute(conn, export_id=export_id)
-    return stored is not None
+    return done is not None
+
+
+async def delete_export(export_id: int, user_id: int, *, retain: bool) -> None:
+    """Delete the user's export, its file with it; a pending one's job is cancelled (in the
+    caller's transaction; `retain`: keep the cancelled job in `job_done`). Raises: `NotFound`
+    (also when it is another user's)."""
+    conn = db.conn()
+    deleted = await statements.export_delete.fetchrow(conn, export_id=export_id, user_id=user_id)
+    if deleted is None:
+        raise NotFound("no such export", export_id=export_id)
+    if deleted["job_id"] is not None and not deleted["done"]:
+        with contextlib.suppress(NotFound, Conflict):  # it ended meanwhile, or is gone
+            await control.cancel(conn, deleted["job_id"], now=clock.now(), retain=retain)

@@ -20,6 +20,7 @@ from datetime import datetime
 from pydantic import AwareDatetime, BaseModel
 
 from jobq import clock, db, statements
+from jobq.domain.types import parse_id
 from jobq.errors import LimitReached, NotFound
 
 _KEY = re.compile(r"jq_([1-9][0-9]{0,18})_([A-Za-z0-9_-]{43})")
@@ -67,9 +68,10 @@ async def revoke_key(user_id: int, key_id: int) -> None:
 
 
 def key_id(key: str) -> int | None:
-    """Return the id a well-formed key names, or None (a malformed key)."""
+    """Return the id a well-formed key names, or None (a malformed key, or an id no `bigint`
+    holds)."""
     match = _KEY.fullmatch(key)
-    return int(match.group(1)) if match else None
+    return parse_id(match.group(1)) if match else None
 
 
 KEY_CACHE_TTL_S = 1.0

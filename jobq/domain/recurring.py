@@ -8,7 +8,8 @@ date, and its times are local times of the reminder's zone across DST changes
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Self
 
 from pydantic import AwareDatetime, BaseModel, Field, field_validator, model_validator
@@ -16,12 +17,20 @@ from pydantic import AwareDatetime, BaseModel, Field, field_validator, model_val
 from jobq.domain.types import REQUEST
 from jobq.queue.recurrence import Rule, zone
 
+MAX_UNTIL = datetime(9000, 1, 1, tzinfo=UTC)
+"""`until` must come before this (every zone's wall-clock time of it is a datetime)."""
+
+UPCOMING = 5
+"""Occurrences a reminder shows ahead (`Reminder.next_occurrences`)."""
+
 
 class Recurrence(BaseModel):
     """A reminder's recurrence: an RFC 5545 `rrule` (such as `FREQ=WEEKLY;BYDAY=MO`; without
     DTSTART, UNTIL or COUNT: the first occurrence is the reminder's time, `until` and `count`
     are fields of their own; at most one occurrence a minute), in IANA zone `tz`, ending at
-    `until` (aware) or after `count` occurrences, or never."""
+    `until` (aware, before the year 9000) or after `count` occurrences, or never. Its first
+    five occurrences (or all, if fewer) must be found within a budget (`jobq.queue.rrules`),
+    each within ten years of the one before: else 422."""
 
     model_config = REQUEST
 
@@ -49,6 +58,16 @@ class Recurrence(BaseModel):
         Rule(text, UTC_ZONE, datetime(2026, 1, 1, tzinfo=UTC))  # the parser's reason, if any
         return text
 
+    @field_validator("until")
+    @classmethod
+    def _until(cls, value: datetime | None) -> datetime | None:
+        try:
+            if value is not None and value.astimezone(UTC) >= MAX_UNTIL:
+                raise ValueError("must be before the year 9000")
+        except OverflowError:  # past 9999-12-31 in UTC: 9999-12-31T23:59:59-23:59
+            raise ValueError("must be before the year 9000") from None
+        return value
+
     @model_validator(mode="after")
     def _end(self) -> Self:
         if self.until is not None and self.count is not None:
@@ -64,16 +83,30 @@ class Recurrence(BaseModel):
             return f"{self.rrule};UNTIL={local:%Y%m%dT%H%M%S}"
         return self.rrule
 
-    def occurrences(self, starts_at: datetime, after: datetime, n: int) -> list[datetime]:
-        """Up to `n` occurrences (aware UTC) strictly after `after`."""
-        rule = Rule(self.text(), zone(self.tz), starts_at)
-        found: list[datetime] = []
-        t: datetime | None = after
-        while len(found) < n and t is not None:
-            t = rule.after(t)
-            if t is not None:
-                found.append(t)
-        return found
+
+@dataclass(frozen=True)
+class Plan:
+    """A recurrence worked out from its start: `text`, the rule its schedule keeps
+    (`Rule.definite_text`); `upcoming`, its first occurrences (at most `UPCOMING`)."""
+
+    text: str
+    upcoming: list[datetime]
+
+
+def plan(recurrence: Recurrence, starts_at: datetime) -> Plan:
+    """Work out `recurrence` from `starts_at` (aware), within one budget (`jobq.queue.rrules`:
+    run it off the event loop, with `rrules.off_loop`). Raises: `ValueError` (`OverBudget`)
+    when it has no occurrence, or cannot show its first `UPCOMING` (or all, if fewer) within
+    the budget: its occurrences are too far apart or too costly to find."""
+    rule = Rule(recurrence.text(), zone(recurrence.tz), starts_at)
+    upcoming: list[datetime] = []
+    for at in rule.walk(starts_at - timedelta(microseconds=1)):
+        upcoming.append(at)
+        if len(upcoming) == UPCOMING:
+            break
+    if not upcoming:
+        raise ValueError("the recurrence has no occurrence")
+    return Plan(rule.definite_text, upcoming)
 
 
 UTC_ZONE = zone("UTC")

@@ -23,11 +23,11 @@ from pydantic import AwareDatetime, BaseModel, Field, model_validator
 
 from jobq import clock, db, statements
 from jobq.domain import shares
-from jobq.domain.recurring import Recurrence
+from jobq.domain.recurring import UPCOMING, Plan, Recurrence, plan
 from jobq.domain.types import NOT_BLANK, REQUEST, Text
 from jobq.domain.users import require_user
-from jobq.errors import Conflict, LimitReached, NotFound
-from jobq.queue import Job, control, dead, enqueue, schedule
+from jobq.errors import Conflict, InvalidRecurrence, LimitReached, NotFound
+from jobq.queue import Job, control, dead, enqueue, rrules, schedule
 from jobq.queue.control import JobState
 
 log = logging.getLogger(__name__)
@@ -68,8 +68,6 @@ class NewReminder(BaseModel):
             start = self.due_at(now)
             if self.recurrence.until is not None and self.recurrence.until <= start:
                 raise ValueError("recurrence.until must be after the reminder's first time")
-            if not self.recurrence.occurrences(start, start - timedelta(microseconds=1), 1):
-                raise ValueError("the recurrence has no occurrence")
         return self
 
     def due_at(self, now: datetime) -> datetime:
@@ -110,7 +108,9 @@ class Reminder(BaseModel):
     created_at: AwareDatetime
     recurrence: Recurrence | None = None
     next_occurrences: list[AwareDatetime] = Field(
-        default_factory=list, description="the next five (recurring, not paused)"
+        default_factory=list,
+        description="recurring, not paused: the next five (as far as ten years apart); in a "
+        "list of reminders, the next one",
     )
     deliveries: int = Field(
         default=0,
@@ -131,10 +131,13 @@ def schedule_name(reminder_id: int) -> str:
     return f"reminder:{reminder_id}"
 
 
-async def _reminders(conn: db.Connection, rows: Sequence[Any]) -> list[Reminder]:
+async def _reminders(
+    conn: db.Connection, rows: Sequence[Any], *, upcoming: int = 1
+) -> list[Reminder]:
     """`reminder_get` rows as `Reminder`s: their status derived from their jobs' states and
     their schedules' next occurrences, which the queue gives (one statement each, for all the
-    rows), and the next occurrences of those recurring.
+    rows), with `upcoming` occurrences of those recurring (1: the stored next one, nothing
+    computed; more: computed off the event loop, within a budget).
 
     The rows and the states are read by two statements, in two snapshots: a delivery whose job
     ended in between had marked its reminder sent first, so the reminders whose job is no
@@ -151,14 +154,14 @@ async def _reminders(conn: db.Connection, rows: Sequence[Any]) -> list[Reminder]
             r["id"]: dict(r)
             for r in await statements.reminder_sent_of.fetch(conn, reminder_ids=ended)
         }
-    next_ats = await schedule.next_at(
-        conn, [schedule_name(r["id"]) for r in rows if r["rrule"] is not None]
+    ahead = await schedule.upcoming(
+        conn, [schedule_name(r["id"]) for r in rows if r["rrule"] is not None], upcoming
     )
     return [
         _reminder(
             dict(r) | again.get(r["id"], {}),
             jobs.get(r["job_id"]),
-            next_ats.get(schedule_name(r["id"])),
+            ahead.get(schedule_name(r["id"]), []),
         )
         for r in rows
     ]
@@ -174,24 +177,22 @@ def _waiting(job: control.JobStatus | None) -> bool:
 
 
 def _reminder(
-    values: dict[str, Any], job: control.JobStatus | None, next_at: datetime | None
+    values: dict[str, Any], job: control.JobStatus | None, upcoming: list[datetime]
 ) -> Reminder:
     """A `reminder_get` row as a `Reminder`, given where its job is (None: no job, or the queue
-    holds it no more) and its schedule's next occurrence (recurring; None: it has ended)."""
+    holds it no more) and its schedule's next occurrences (recurring; none: it has ended, or
+    is paused)."""
     recurrence = None
-    upcoming: list[datetime] = []
     if values["rrule"] is not None:
         recurrence = Recurrence.model_construct(
             rrule=values["rrule"], tz=values["tz"], until=values["until"], count=values["count"]
         )
         if values["paused"]:
             status = ReminderStatus.PAUSED
-        elif next_at is None:
+        elif not upcoming:
             status = ReminderStatus.ENDED
         else:
             status = ReminderStatus.ACTIVE
-            after = next_at - timedelta(microseconds=1)
-            upcoming = recurrence.occurrences(values["remind_at"], after, 5)
     elif values["sent_at"] is not None:
         status = ReminderStatus.SENT
     elif job is not None and job.state is JobState.CANCELLED:
@@ -222,17 +223,40 @@ reminder: an older hold that no transaction holds is its dead request's (a kille
 is dropped at the user's next recount (`reminder_hold_take`)."""
 
 
-async def schedule_reminder(user_id: int, data: NewReminder, *, max_unsent: int) -> Reminder:
-    """Insert a reminder and enqueue its `send_reminder` job (ripe at the due time), or save its
-    schedule (recurring), in one transaction of its own (or, inside one, a savepoint of it).
+async def plan_reminder(data: NewReminder, *, now: datetime) -> Plan | None:
+    """Work out a recurring reminder's recurrence from its time (`jobq.domain.recurring.plan`),
+    off the event loop; None for a one-off reminder. Raises: `InvalidRecurrence` (422)."""
+    if data.recurrence is None:
+        return None
+    try:
+        return await rrules.off_loop(plan, data.recurrence, data.due_at(now))
+    except ValueError as exc:
+        raise InvalidRecurrence(str(exc)) from None
+
+
+async def schedule_reminder(
+    user_id: int,
+    data: NewReminder,
+    *,
+    max_unsent: int,
+    now: datetime | None = None,
+    worked_out: Plan | None = None,
+) -> Reminder:
+    """Insert a reminder due at `data.due_at(now)` (`now`: aware UTC, default the clock's) and
+    enqueue its `send_reminder` job (ripe then), or save its schedule (recurring: `worked_out`,
+    from `plan_reminder`, worked out here when not given), in one transaction of its own (or,
+    inside one, a savepoint of it).
 
     The user's cap, `max_unsent` reminders not yet sent, holds exactly without making the user's
     other requests wait for this one's commit: first a hold on one more unsent reminder is
     taken, alone, in a short transaction (`reminder_hold_take` says why that is exact); then the
     reminder's transaction turns the hold into the reminder, or the hold is released when it
     fails (when an outer transaction rolls back afterwards, the hold counts until `HOLD_GRACE`).
-    Raises: `NotFound` when the user does not exist; `LimitReached` at the cap."""
-    now = clock.now()
+    Raises: `NotFound` when the user does not exist; `LimitReached` at the cap;
+    `InvalidRecurrence` for a rule with no occurrence or over its budget."""
+    now = now or clock.now()
+    if data.recurrence is not None and worked_out is None:
+        worked_out = await plan_reminder(data, now=now)
     remind_at = data.due_at(now)
     database = db.current_database()
     async with database.pool.acquire() as conn:
@@ -245,7 +269,7 @@ async def schedule_reminder(user_id: int, data: NewReminder, *, max_unsent: int)
         raise LimitReached("too many reminders not yet sent: delete some or wait", limit=max_unsent)
     try:
         async with db.transaction() as conn:
-            return await _create(conn, hold["hold_id"], user_id, data, remind_at, now)
+            return await _create(conn, hold["hold_id"], user_id, data, remind_at, now, worked_out)
     except BaseException:
         try:
             async with database.pool.acquire() as conn:
@@ -262,9 +286,11 @@ async def _create(
     data: NewReminder,
     remind_at: datetime,
     now: datetime,
+    worked_out: Plan | None,
 ) -> Reminder:
     """Make held reminder `reminder_id` in the transaction of `conn`: its job or its schedule,
-    then the reminder (in place of its hold)."""
+    then the reminder (in place of its hold). Returned as `get_reminder` would read it back
+    inside this transaction: nothing else has seen it."""
     recurrence = data.recurrence
     job_id = None
     if recurrence is None:
@@ -279,17 +305,19 @@ async def _create(
         )
         job_id = job.id
     else:
+        assert worked_out is not None
         await schedule.save(
             conn,
             name=schedule_name(reminder_id),
             job_type=SEND_REMINDER,
             arguments={"reminder_id": reminder_id},
-            rrule=recurrence.text(),
+            rrule=worked_out.text,
             tz=recurrence.tz,
             starts_at=remind_at,
             queue=QUEUE,
             concurrency_key=shares.delivery_key(user_id),
             occurrence_arg="occurrence_at",
+            first=worked_out.upcoming[0],
         )
     created = await statements.reminder_create.fetchval(
         conn,
@@ -307,8 +335,21 @@ async def _create(
     if created is None:
         raise RuntimeError(f"the hold of reminder {reminder_id} was dropped: its request was slow")
     if recurrence is not None:
-        return await get_reminder(reminder_id, user_id)
-    # As `get_reminder` would read it back inside this transaction: nothing else has seen it.
+        assert worked_out is not None
+        return Reminder(
+            id=reminder_id,
+            user_id=user_id,
+            message=data.message,
+            remind_at=remind_at,
+            status=ReminderStatus.ACTIVE,
+            attempts=0,
+            sent_at=None,
+            last_error=None,
+            job_id=None,
+            created_at=now,
+            recurrence=recurrence,
+            next_occurrences=worked_out.upcoming,
+        )
     return Reminder(
         id=reminder_id,
         user_id=user_id,
@@ -330,7 +371,7 @@ async def get_reminder(reminder_id: int, user_id: int) -> Reminder:
     row = await statements.reminder_get.fetchrow(conn, reminder_id=reminder_id, user_id=user_id)
     if row is None:
         raise NotFound("no such reminder", reminder_id=reminder_id)
-    [reminder] = await _reminders(conn, [row])
+    [reminder] = await _reminders(conn, [row], upcoming=UPCOMING)
     return reminder
 
 
@@ -342,26 +383,24 @@ async def list_reminders(user_id: int) -> list[Reminder]:
 
 
 async def cancel_reminder(reminder_id: int, user_id: int, *, retain: bool = True) -> None:
-    """Delete the user's reminder not yet sent, and cancel its job (`jobq.queue.control.cancel`:
-    a queued job leaves the queue, a delivery running is cancelled and never retried; a dead
-    one is discarded, `jobq.queue.dead.discard`), in the caller's transaction. `retain`: keep
-    the cancelled job in `job_done` (the retention setting).
+    """Delete the user's reminder, sent or not; one not yet sent has its job cancelled
+    (`jobq.queue.control.cancel`: a queued job leaves the queue, a delivery running is
+    cancelled and never retried; a dead one is discarded, `jobq.queue.dead.discard`) and, when
+    recurring, its schedule dropped, in the caller's transaction. `retain`: keep the cancelled
+    job in `job_done` (the retention setting).
 
-    Raises: `NotFound` (also when it is another user's); `Conflict` when it has been sent.
+    Raises: `NotFound` (also when it is another user's).
     """
     conn = db.conn()
-    deleted = await statements.reminder_delete_unsent.fetchrow(
+    deleted = await statements.reminder_delete.fetchrow(
         conn, reminder_id=reminder_id, user_id=user_id
     )
-    if deleted is not None:
-        if deleted["rrule"] is not None:  # its future occurrences stop, those queued too
-            await schedule.drop(conn, schedule_name(reminder_id), now=clock.now())
-        if deleted["job_id"] is not None:
-            await _end_job(conn, deleted["job_id"], retain=retain)
-        return
-    if await statements.reminder_exists.fetchval(conn, reminder_id=reminder_id, user_id=user_id):
-        raise Conflict("the reminder has been sent already", reminder_id=reminder_id)
-    raise NotFound("no such reminder", reminder_id=reminder_id)
+    if deleted is None:
+        raise NotFound("no such reminder", reminder_id=reminder_id)
+    if deleted["rrule"] is not None:  # its future occurrences stop, those queued too
+        await schedule.drop(conn, schedule_name(reminder_id), now=clock.now())
+    if deleted["job_id"] is not None and not deleted["sent"]:
+        await _end_job(conn, deleted["job_id"], retain=retain)
 
 
 async def _end_job(conn: db.Connection, job_id: int, *, retain: bool) -> None:

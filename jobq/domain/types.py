@@ -18,6 +18,19 @@ Text = Annotated[str, AfterValidator(_no_nul)]
 BIGINT_MAX = 2**63 - 1
 """The largest id PostgreSQL's `bigint` holds: larger ids name nothing (404)."""
 
+_ID = re.compile(r"[0-9]{1,19}")
+
+
+def parse_id(text: str) -> int | None:
+    """The id that `text` spells in ASCII digits, from 1 to `BIGINT_MAX`; else None (another
+    script's digits such as Arabic-Indic ones, superscripts such as `²`, a sign, blanks, 0, or
+    a number no `bigint` holds)."""
+    if not _ID.fullmatch(text):
+        return None
+    number = int(text)
+    return number if 0 < number <= BIGINT_MAX else None
+
+
 REQUEST = ConfigDict(extra="forbid")
 """Request bodies: unknown fields are errors. Strings are kept as sent: their lengths are the
 raw lengths, as documented."""

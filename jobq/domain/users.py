@@ -1,4 +1,10 @@
-"""Users: who reminders are for, and where they are delivered (an optional webhook)."""
+"""Users: who reminders are for, and where they are delivered (an optional webhook).
+
+An e-mail address is the user's own say-so: nothing verifies it, nothing looks a user up by it,
+and two users may give the same one. Sign-up answers at once with a working API key and sends
+no mail, so with unique addresses its answer (a key, or a refusal) would tell anyone which
+addresses are registered; without, every well-formed sign-up gets the same answer, a new user.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ from pydantic import AwareDatetime, BaseModel, EmailStr, Field
 
 from jobq import clock, db, statements
 from jobq.domain.types import NOT_BLANK, REQUEST, Text, WebhookUrl
-from jobq.errors import Conflict, NotFound
+from jobq.errors import NotFound
 
 
 class NewUser(BaseModel):
@@ -39,7 +45,7 @@ class UserWithKey(User):
 
 
 async def create_user(data: NewUser) -> User:
-    """Insert a user. Raises: `Conflict` when the e-mail address (any case) is taken."""
+    """Insert a user (whether or not another one gave the same e-mail address)."""
     row = await statements.user_create.fetchrow(
         db.conn(),
         name=data.name,
@@ -47,8 +53,6 @@ async def create_user(data: NewUser) -> User:
         webhook_url=str(data.webhook_url) if data.webhook_url else None,
         now=clock.now(),
     )
-    if row is None:
-        raise Conflict("a user with this email exists", field="email")
     return User.model_validate(dict(row))
 
 

@@ -10,6 +10,7 @@ from icalendar import Calendar, Event
 from pydantic import BaseModel, Field
 
 from jobq import clock
+from jobq.config import Settings
 from jobq.db import transaction
 from jobq.domain import exports
 from jobq.domain.exports import CalendarEntry, ExportSource
@@ -72,9 +73,11 @@ async def _parts(export_id: int) -> list[str]:
         return await exports.parts(export_id)
 
 
-async def _store(export_id: int, content: str) -> bool:
+async def _store(source: ExportSource, content: str, *, max_bytes: int) -> bool:
     async with transaction():
-        return await exports.store_export(export_id, content)
+        return await exports.store_export(
+            source.export_id, source.user_id, content, max_bytes=max_bytes
+        )
 
 
 async def _store_part(export_id: int, part: int, content: str) -> None:
@@ -87,7 +90,10 @@ def render_export(args: RenderExportArgs, job: JobContext) -> None:
     """A plain `def`: runs in the worker's thread pool, so rendering never blocks the event
     loop; its database reads and writes run on the loop through `job.run_coroutine`. An
     export of parts is assembled from them, once every part has ended (it is their batch's
-    callback); a part that failed or was cancelled fails the export."""
+    callback); a part that failed or was cancelled fails the export. A file that would take
+    the user's exports past `JOBQ_MAX_EXPORT_BYTES_PER_USER` fails the export for good
+    (`TooLarge`, to the dead letter)."""
+    settings: Settings = job.state["settings"]
     source = job.run_coroutine(_load(args.export_id))
     if source is None:
         return  # rendered by an earlier run, or gone
@@ -99,7 +105,7 @@ def render_export(args: RenderExportArgs, job: JobContext) -> None:
         content = calendar(source.user_name, "".join(job.run_coroutine(_parts(args.export_id))))
     else:
         content = render_ics(source, stamp=clock.now())
-    job.run_coroutine(_store(args.export_id, content))
+    job.run_coroutine(_store(source, content, max_bytes=settings.max_export_bytes_per_user))
 
 
 @handler(exports.RENDER_EXPORT_PART, args=RenderPartArgs, queue=exports.QUEUE, timeout=120)

@@ -16,14 +16,23 @@ to it (every worker was down) follows its schedule's policy: `skip` (none of the
 from __future__ import annotations
 
 import json
+import logging
 import math
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
-from dateutil.rrule import rrule, rrulestr
+from dateutil.rrule import rrule
+
+from jobq.queue import rrules
+from jobq.queue.rrules import MAX_GAP, Budget, OverBudget
+
+__all__ = ["OverBudget"]
+
+log = logging.getLogger(__name__)
 
 Misfire = Literal["skip", "one", "backfill"]
 
@@ -111,42 +120,122 @@ class Interval:
 @dataclass(frozen=True)
 class Rule:
     """An RFC 5545 RRULE (with its own COUNT or UNTIL, if any) from `starts_at`, in wall-clock
-    time of `tz`."""
+    time of `tz`. Each search has a budget and starts at the period it needs
+    (`jobq.queue.rrules`). Raises: `ValueError` for an invalid rule; `OverBudget` (a
+    `ValueError`) for a COUNT whose last occurrence is over budget."""
 
     text: str
     tz: ZoneInfo
     starts_at: datetime
-
-    def _rule(self) -> rrule:
-        start = self.starts_at.astimezone(self.tz).replace(tzinfo=None)
-        try:
-            found = rrulestr(self.text, dtstart=start, ignoretz=True)
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f"invalid RRULE {self.text!r}: {exc}") from None
-        if not isinstance(found, rrule):
-            raise ValueError(f"invalid RRULE {self.text!r}: one rule, not a set")
-        return found
+    _rule: rrule = field(init=False, repr=False, compare=False)
+    _shape: rrules.Shape = field(init=False, repr=False, compare=False)
+    _start: datetime = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self._rule()
+        start = self.starts_at.astimezone(self.tz).replace(tzinfo=None, microsecond=0)
+        rule = rrules.parse(rrules.normalized(self.text, start), start)
+        if rrules.shape(rule).count is not None:  # made an UNTIL: a search may start anywhere
+            found = list(rrules.occurrences(rule, Budget(horizon=datetime.max)))
+            last = found[-1] if found else start - timedelta(seconds=1)
+            rule = rule.replace(count=None, until=last)
+        object.__setattr__(self, "_rule", rule)
+        object.__setattr__(self, "_shape", rrules.shape(rule))
+        object.__setattr__(self, "_start", start)
 
-    def _walk(self, t: datetime, forward: bool) -> datetime | None:
-        rule = self._rule()
+    @property
+    def definite_text(self) -> str:
+        """The rule as it is evaluated: every part written out (`rrules.normalized`), a COUNT
+        turned into the UNTIL of its last occurrence (what a schedule stores)."""
+        text = rrules.normalized(self.text, self._start)
+        kept = [p for p in text.split(";") if not p.startswith(("COUNT=", "UNTIL="))]
+        if self._shape.until is not None:
+            kept.append(f"UNTIL={self._shape.until:%Y%m%dT%H%M%S}")
+        return ";".join(kept)
+
+    def _rebased(self, local: datetime) -> datetime:
+        """The latest start, at or before `local` (naive), from which the rule yields the
+        occurrences it yields from its own start: the start of the active period (a multiple
+        of INTERVAL periods after the first) that holds `local`, or its own start."""
+        if local <= self._start:
+            return self._start
+        freq, every, wkst = self._shape.freq, self._shape.interval, self._shape.wkst
+        first = rrules.period_start(freq, self._start, wkst)
+        here = rrules.period_start(freq, local, wkst)
+        periods = rrules.periods_between(freq, first, here) // every * every
+        return self._start if periods <= 0 else rrules.add_periods(freq, first, periods)
+
+    def walk(self, t: datetime) -> Iterator[datetime]:
+        """The occurrences (aware UTC) strictly after `t`, in order, within one `Budget`,
+        each within `MAX_GAP` of the one before (of `t`, for the first). Raises: `OverBudget`
+        when the walk runs out of budget, or finds no occurrence within that gap while the
+        rule goes on."""
         local = t.astimezone(self.tz).replace(tzinfo=None)
-        while True:
-            step = rule.after(local) if forward else rule.before(local)
-            if step is None:
-                return None
+        until = self._shape.until
+        budget = Budget(horizon=self._horizon(local))
+        rule = self._rule.replace(dtstart=self._rebased(local))
+        for step in rrules.occurrences(rule, budget):
             found = wall_time(step, self.tz)
-            if (found > t) if forward else (found < t):
-                return found
-            local = step
+            if found > t:
+                yield found
+                budget.horizon = self._horizon(step)
+        if until is None or until > budget.horizon:
+            raise OverBudget(f"no occurrence within ten years after {t:%Y-%m-%d}")
+
+    def _horizon(self, local: datetime) -> datetime:
+        until = self._shape.until
+        horizon = local + MAX_GAP
+        return horizon if until is None else min(horizon, until)
 
     def after(self, t: datetime) -> datetime | None:
-        return self._walk(t, forward=True)
+        """The first occurrence after `t`, or None (the rule has ended). Raises: `OverBudget`."""
+        return next(self.walk(t), None)
 
     def before(self, t: datetime) -> datetime | None:
-        return self._walk(t, forward=False)
+        """The last occurrence before `t`, or None (none since its start): windows of periods
+        searched backwards, within one `Budget`. Raises: `OverBudget`."""
+        local = t.astimezone(self.tz).replace(tzinfo=None)
+        freq, every = self._shape.freq, self._shape.interval
+        budget = Budget(horizon=local)
+        end = local
+        while end > self._start:
+            here = rrules.period_start(freq, end, self._shape.wkst)
+            begin = self._rebased(rrules.add_periods(freq, here, -WINDOW[freq] * every))
+            budget.horizon = end
+            last = None
+            for step in rrules.occurrences(self._rule.replace(dtstart=begin), budget):
+                found = wall_time(step, self.tz)
+                if step >= end or found >= t:
+                    break
+                last = found
+            if last is not None:
+                return last
+            if local - begin > MAX_GAP:
+                raise OverBudget(f"no occurrence within ten years before {t:%Y-%m-%d}")
+            end = begin
+        return None
+
+
+WINDOW = {
+    "YEARLY": 1,
+    "MONTHLY": 12,
+    "WEEKLY": 5,
+    "DAILY": 31,
+    "HOURLY": 24,
+    "MINUTELY": 60,
+    "SECONDLY": 60,
+}
+"""Periods (times INTERVAL) of each window `Rule.before` searches, back from its time."""
+
+
+def after_or_end(recurrence: Recurrence, t: datetime, name: str) -> datetime | None:
+    """`recurrence.after(t)`; None, the schedule's end, when that is over budget
+    (`jobq.queue.rrules.OverBudget`: the next occurrence is more than ten years away, or too
+    costly to find), with a warning naming schedule `name`."""
+    try:
+        return recurrence.after(t)
+    except OverBudget as exc:
+        log.warning("schedule %s ends: its next occurrence is over budget (%s)", name, exc)
+        return None
 
 
 def due(
@@ -163,7 +252,9 @@ def due(
 
     Occurrences older than `now - MISFIRE_GRACE` were missed: `skip` drops them, `one` keeps
     the latest, `backfill` the `backfill` latest (each its own job, ripe at once). At most
-    `MAX_PER_ROUND` are returned; the rest come next round.
+    `MAX_PER_ROUND` are returned; the rest come next round. An occurrence whose next one is
+    over budget (`jobq.queue.rrules`) is the last. Raises: `OverBudget` when the first one
+    after the misfired ones is.
     """
     found: list[datetime] = []
     t = next_at
@@ -179,7 +270,11 @@ def due(
         t = recurrence.after(cutoff - timedelta(microseconds=1))
     while t is not None and t <= horizon and len(found) < MAX_PER_ROUND:
         found.append(t)
-        t = recurrence.after(t)
+        try:
+            t = recurrence.after(t)
+        except OverBudget as exc:  # those found are due all the same; then it ends
+            log.warning("a schedule ends after %s: its next occurrence is over budget (%s)", t, exc)
+            t = None
     return found, t
 
 

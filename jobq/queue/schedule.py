@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Collection, Iterable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from jobq.db import Connection
 from jobq.errors import Conflict, NotFound
-from jobq.queue import control, sql
-from jobq.queue.recurrence import ScheduleSpec, recurrence_of
+from jobq.queue import control, rrules, sql
+from jobq.queue.recurrence import OverBudget, ScheduleSpec, after_or_end, recurrence_of
 
 
 async def read_schedules(conn: Connection) -> list[dict[str, Any]]:
@@ -30,25 +30,34 @@ async def read_schedules(conn: Connection) -> list[dict[str, Any]]:
 
 def next_occurrences(row: Any, count: int) -> list[datetime]:
     """The next `count` occurrences (aware UTC) of schedule `row` (a `job_schedule` row) from
-    its `next_at` on (that one first); fewer when it ends, none when paused or ended."""
+    its `next_at` on (that one first, stored: a count of 1 computes nothing); fewer when it
+    ends or the others are over budget (`jobq.queue.rrules`), none when paused or ended."""
     at: datetime | None = row["next_at"]
     if row["paused"] or at is None:
         return []
-    recurrence = recurrence_of(row)
-    found: list[datetime] = []
-    while at is not None and len(found) < count:
-        found.append(at)
-        at = recurrence.after(at)
+    found = [at]
+    recurrence = recurrence_of(row) if count > 1 else None
+    with contextlib.suppress(OverBudget):
+        while recurrence is not None and at is not None and len(found) < count:
+            at = recurrence.after(at)
+            if at is not None:
+                found.append(at)
     return found
 
 
-async def next_at(conn: Connection, names: Collection[str]) -> dict[str, datetime | None]:
-    """Return the next occurrence of each schedule of `names` that exists, by name (None: it has
-    ended), in one statement however many there are (`schedule_next_at`)."""
+async def upcoming(
+    conn: Connection, names: Collection[str], count: int
+) -> dict[str, list[datetime]]:
+    """The next `count` occurrences of each schedule of `names` that exists, by name (none: it
+    has ended, or is paused), read in one statement however many there are
+    (`schedule_next_at`); beyond the stored next one, computed off the event loop
+    (`next_occurrences`, `rrules.off_loop`)."""
     if not names:
         return {}
     rows = await sql.schedule_next_at.fetch(conn, names=list(names))
-    return {r["name"]: r["next_at"] for r in rows}
+    if count > 1:
+        return {r["name"]: await rrules.off_loop(next_occurrences, r, count) for r in rows}
+    return {r["name"]: next_occurrences(r, count) for r in rows}
 
 
 async def declare(conn: Connection, specs: Iterable[ScheduleSpec], *, now: datetime) -> None:
@@ -84,14 +93,14 @@ async def save(
     queue: str,
     concurrency_key: str | None,
     occurrence_arg: str,
-) -> datetime | None:
+    first: datetime | None,
+) -> None:
     """Write a run-time schedule (source `reminder`): `job_type` with `arguments` (and
     `occurrence_arg` set to each occurrence's time) at each occurrence of `rrule` from
-    `starts_at` in zone `tz`, one catch-up after a misfire. In the caller's transaction.
-    Return its first occurrence (None: it has none).
-    Raises: `ValueError` for an invalid RRULE or zone; `asyncpg.PostgresError`."""
+    `starts_at` in zone `tz`, the first at `first` (worked out by the caller, off the event
+    loop; None: it has none), one catch-up after a misfire. In the caller's transaction.
+    Raises: `asyncpg.PostgresError`."""
     row = {"cron": None, "every_s": None, "rrule": rrule, "tz": tz, "starts_at": starts_at}
-    first = recurrence_of(row).after(starts_at - timedelta(microseconds=1))
     await sql.schedule_declare.execute(
         conn,
         name=name,
@@ -107,7 +116,6 @@ async def save(
         concurrency_key=concurrency_key,
         **row,
     )
-    return first
 
 
 async def pause(conn: Connection, name: str, *, paused: bool, now: datetime) -> None:
@@ -117,7 +125,7 @@ async def pause(conn: Connection, name: str, *, paused: bool, now: datetime) -> 
     row = await sql.schedule_lock.fetchrow(conn, name=name)
     if row is None:
         raise KeyError(name)
-    next_at = None if paused else recurrence_of(row).after(now)
+    next_at = None if paused else after_or_end(recurrence_of(row), now, name)
     await sql.schedule_pause.execute(conn, name=name, paused=paused, next_at=next_at)
     if paused:
         await _cancel_pending(conn, name, now=now)

@@ -2,6 +2,17 @@
 -- User :user_id's exports (each counts against the limit until deleted).
 SELECT count(*) FROM exports WHERE user_id = :user_id;
 
+-- name: export_bytes
+-- The bytes user :user_id's stored export files take (their storage cap's measure).
+SELECT coalesce(sum(octet_length(content)), 0) FROM exports WHERE user_id = :user_id;
+
+-- name: export_delete
+-- Delete user :user_id's export :export_id; returns its job_id and whether its file was stored
+-- (a pending one's job is cancelled by the caller), or no row.
+DELETE FROM exports
+WHERE id = :export_id AND user_id = :user_id
+RETURNING job_id, content IS NOT NULL AS done;
+
 -- name: export_create
 INSERT INTO exports (user_id, created_at) VALUES (:user_id, :now) RETURNING id;
 

@@ -45,15 +45,13 @@ ORDER BY remind_at, id;
 -- before its job ends).
 SELECT id, sent_at, attempts FROM reminders WHERE id = ANY(:reminder_ids::bigint[]);
 
--- name: reminder_delete_unsent
--- Delete user :user_id's reminder :reminder_id unless it was sent; returns its job_id and rrule
--- (the caller cancels its job or drops its schedule), or no row.
+-- name: reminder_delete
+-- Delete user :user_id's reminder :reminder_id, sent or not; returns its job_id, rrule and
+-- whether it was sent (an unsent one's job is cancelled, its schedule dropped, by the caller),
+-- or no row.
 DELETE FROM reminders
-WHERE id = :reminder_id AND user_id = :user_id AND sent_at IS NULL
-RETURNING job_id, rrule;
-
--- name: reminder_exists
-SELECT true FROM reminders WHERE id = :reminder_id AND user_id = :user_id;
+WHERE id = :reminder_id AND user_id = :user_id
+RETURNING job_id, rrule, sent_at IS NOT NULL AS sent;
 
 -- name: reminder_pause
 -- Mark user :user_id's reminder :reminder_id paused (or not); returns its rrule (NULL: a one-off

@@ -79,5 +79,8 @@ WHERE o.schedule = :name
 SELECT * FROM job_schedule WHERE name = :name FOR UPDATE;
 
 -- name: schedule_next_at
--- The next occurrence of each schedule of :names that exists (NULL: it has ended).
-SELECT name, next_at FROM job_schedule WHERE name = ANY(:names::text[]);
+-- The schedules of :names that exist, with what their next occurrences are computed from
+-- (next_at NULL: it has ended).
+SELECT name, next_at, paused, cron, every_s, rrule, tz, starts_at
+FROM job_schedule
+WHERE name = ANY(:names::text[]);

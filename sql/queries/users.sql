@@ -1,8 +1,7 @@
 -- name: user_create
--- A new user, unless the e-mail address (any case) is taken: then no row.
+-- A new user (e-mail addresses are not unique: `jobq.domain.users` says why).
 INSERT INTO users (name, email, webhook_url, created_at)
 VALUES (:name, :email, :webhook_url, :now)
-ON CONFLICT (lower(email)) DO NOTHING
 RETURNING id, name, email, webhook_url, created_at;
 
 -- name: user_get

@@ -57,7 +57,7 @@ async def bury(conn: Connection, job_id: int, **values: Any) -> None:
     )
 
 
-ADMIN_PATHS = ("/jobs/dead", "/jobs/{job_id}", "/workers", "/queues", "/workflows")
+ADMIN_PATHS = ("/jobs/dead", "/jobs/{job_id}", "/jobs/stats", "/workers", "/queues", "/workflows")
 """The admin paths (and those below them); `/jobs` alone is one too."""
 
 
@@ -453,10 +453,23 @@ async def test_openapi_documents_the_admin_endpoints_with_their_security(client:
         "api_key": {"type": "http", "scheme": "bearer"},
     }
     admin = {
-        ("/jobs/dead", "get"): {200, 401, 404, 405, 413, 422, 500, 503},
-        ("/jobs/dead/{job_id}/retry", "post"): {200, 401, 404, 405, 409, 413, 415, 500, 503},
-        ("/jobs/dead/{job_id}", "delete"): {204, 401, 404, 405, 413, 500, 503},
-        ("/workers", "get"): {200, 401, 404, 405, 413, 500, 503},
+        ("/jobs/dead", "get"): {200, 401, 404, 405, 408, 413, 422, 429, 500, 503},
+        ("/jobs/dead/{job_id}/retry", "post"): {
+            200,
+            401,
+            404,
+            405,
+            408,
+            409,
+            413,
+            415,
+            429,
+            500,
+            503,
+        },
+        ("/jobs/dead/{job_id}", "delete"): {204, 401, 404, 405, 408, 413, 429, 500, 503},
+        ("/workers", "get"): {200, 401, 404, 405, 408, 413, 429, 500, 503},
+        ("/jobs/stats", "get"): {200, 401, 404, 405, 408, 413, 429, 500, 503},
     }
     for (path, method), statuses in admin.items():
         operation = spec["paths"][path][method]
@@ -498,15 +511,16 @@ async def test_openapi_documents_every_error_with_the_error_body(client: Client)
         "201",
         "400",
         "405",
-        "409",
+        "408",
         "413",
+        "429",
         "415",
         "422",
         "500",
         "503",
     }
     delete = spec["paths"]["/reminders/{reminder_id}"]["delete"]["responses"]
-    assert set(delete) == {"204", "401", "404", "405", "409", "413", "429", "500", "503"}
+    assert set(delete) == {"204", "401", "404", "405", "408", "413", "429", "500", "503"}
     ics = spec["paths"]["/exports/{export_id}.ics"]["get"]["responses"]["200"]["content"]
     assert set(ics) == {"text/calendar"}
 

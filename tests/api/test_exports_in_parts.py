@@ -21,7 +21,9 @@ from tests.api.helpers import create_reminder, create_user
 
 async def request(user_id: int, part_reminders: int) -> exports.Export:
     async with db.transaction():
-        return await exports.request_export(user_id, max_exports=10, part_reminders=part_reminders)
+        return await exports.request_export(
+            user_id, max_exports=10, max_bytes=10**7, part_reminders=part_reminders
+        )
 
 
 async def status(export_id: int, user_id: int) -> exports.Export:

@@ -405,16 +405,6 @@ async def test_valid_unicode_email_is_stored_normalised(
     assert await conn.fetchval("SELECT email FROM users") == stored
 
 
-async def test_the_same_unicode_domain_in_punycode_is_a_duplicate(
-    client: Client, conn: Connection
-) -> None:
-    await create_user(client, email="ann@b\u00fccher.de")
-    response = await client.post("/users", json={"name": "Ann", "email": "ann@xn--bcher-kva.de"})
-    assert response.status_code == 409
-    assert_error(await response.get_json(), "conflict")
-    assert await conn.fetchval("SELECT count(*) FROM users") == 1
-
-
 # -- unknown fields and wrong types ------------------------------------------------------------
 
 WRONG_SHAPES: dict[str, tuple[str, Any]] = {

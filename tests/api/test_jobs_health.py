@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -14,11 +15,12 @@ from quart.typing import TestClientProtocol as Client
 
 from jobq import clock, db
 from jobq.app import create_app
+from jobq.config import Settings
 from jobq.db import Connection, Database
 from jobq.errors import DontRetry
 from jobq.queue import Job, JobContext, Registry, Worker, enqueue, metrics
 from jobq.queue.leader.depth import take_depth_snapshot
-from tests.api.conftest import DatabaseProxy
+from tests.api.conftest import ADMIN, ADMIN_TOKEN, DatabaseProxy
 from tests.api.helpers import assert_error, create_reminder, create_user
 from tests.conftest import make_settings
 from tests.keyed_client import use_keyed_client
@@ -29,6 +31,20 @@ T = TypeVar("T")
 
 class NoArgs(BaseModel):
     pass
+
+
+@pytest.fixture
+def settings(pool_url: str) -> Settings:
+    """The test settings, with an admin token (`/jobs/stats` needs it)."""
+    return make_settings(pool_url, admin_token=ADMIN_TOKEN)
+
+
+async def test_job_stats_need_the_admin_token(client: Client) -> None:
+    for headers in ({}, {"Authorization": "Bearer not-the-admin-token"}):
+        response = await client.get("/jobs/stats", headers=headers)
+        assert response.status_code == 401
+        assert_error(await response.get_json(), "unauthorized")
+    assert (await client.get("/jobs/stats", headers=ADMIN)).status_code == 200
 
 
 async def test_job_stats_counts_per_job_type(
@@ -64,7 +80,7 @@ async def test_job_stats_counts_per_job_type(
     assert await conn.fetchval("SELECT count(*) FROM job_dead") == 1
 
     try:
-        response = await client.get("/jobs/stats")
+        response = await client.get("/jobs/stats", headers=ADMIN)
     finally:
         release.set()
         await worker.wait_idle()
@@ -81,7 +97,7 @@ async def test_job_stats_counts_per_job_type(
     assert body["totals"] == {"job_type": "*", "ripe": 3, "scheduled": 3, "running": 1, "dead": 1}
 
     # the blocked job finished: it is no longer counted
-    after = await (await client.get("/jobs/stats")).get_json()
+    after = await (await client.get("/jobs/stats", headers=ADMIN)).get_json()
     assert "beta.block" not in [r["job_type"] for r in after["job_types"]]
     assert after["totals"]["running"] == 0
 
@@ -95,24 +111,24 @@ async def test_past_the_live_count_job_stats_reads_the_depth_snapshot(
     monkeypatch.setattr(metrics, "LIVE_COUNT_MAX", 2)
     for n in range(3):
         await enqueue(Job(job_type="alpha", arguments={"n": n}))
-    body = await (await client.get("/jobs/stats")).get_json()
+    body = await (await client.get("/jobs/stats", headers=ADMIN)).get_json()
     assert (body["totals"]["ripe"], body["queued_counted_at"]) == (3, None)  # no snapshot yet
     at = clock.now()
     await take_depth_snapshot(database, now=at, interval=timedelta(0), retention=timedelta(days=7))
     await enqueue(Job(job_type="alpha", arguments={"n": 9}).runs_in(hours=1))
     await enqueue(Job(job_type="beta", arguments={"n": 1}))
-    body = await (await client.get("/jobs/stats")).get_json()
+    body = await (await client.get("/jobs/stats", headers=ADMIN)).get_json()
     row = {"ripe": 0, "scheduled": 0, "running": 0, "dead": 0}
     assert body["job_types"] == [{**row, "job_type": "alpha", "ripe": 3}]  # as counted at `at`
     assert body["queued_counted_at"] == at.isoformat().replace("+00:00", "Z")
     monkeypatch.setattr(metrics, "LIVE_COUNT_MAX", 100)
-    body = await (await client.get("/jobs/stats")).get_json()
+    body = await (await client.get("/jobs/stats", headers=ADMIN)).get_json()
     assert body["queued_counted_at"] is None
     assert body["totals"] == {"job_type": "*", "ripe": 4, "scheduled": 1, "running": 0, "dead": 0}
 
 
 async def test_job_stats_of_an_empty_queue(client: Client) -> None:
-    response = await client.get("/jobs/stats")
+    response = await client.get("/jobs/stats", headers=ADMIN)
     assert response.status_code == 200
     body = await response.get_json()
     body.pop("vacuum")  # the database's figures: see the vacuum tests at the end
@@ -132,7 +148,9 @@ async def test_health_ok(client: Client) -> None:
 @pytest.fixture
 async def proxied_client(db_proxy: DatabaseProxy, database: Database) -> AsyncIterator[Client]:
     """A client of an app whose database connections all go through `db_proxy`."""
-    app = create_app(make_settings(db_proxy.dsn, min_pool_size=1, max_pool_size=4))
+    app = create_app(
+        make_settings(db_proxy.dsn, min_pool_size=1, max_pool_size=4, admin_token=ADMIN_TOKEN)
+    )
     use_keyed_client(app)  # acts as the users it creates
     async with app.test_app() as test_app:
         yield test_app.test_client()
@@ -166,7 +184,7 @@ async def test_requests_are_503_while_the_database_is_unreachable(
     for response in [
         await client.get(f"/users/{user['id']}"),
         await client.post("/users", json={"name": "Bob", "email": "bob@example.com"}),
-        await client.get("/jobs/stats"),
+        await client.get("/jobs/stats", headers=ADMIN),
     ]:
         assert response.status_code == 503
         assert_error(await response.get_json(), "database_unavailable")
@@ -203,17 +221,36 @@ async def test_openapi_lists_the_endpoints(client: Client) -> None:
 
 
 async def test_docs_page(client: Client) -> None:
+    """The page and its files come from the service (`jobq.api.docs`), under a policy that
+    allows scripts from it alone; quart-schema's CDN pages are gone."""
     response = await client.get("/docs")
     assert response.status_code == 200
     assert response.mimetype == "text/html"
-    assert "openapi.json" in await response.get_data(as_text=True)
+    page = await response.get_data(as_text=True)
+    assert "openapi.json" in page
+    assert "://" not in page  # nothing from elsewhere
+    assert "<script>" not in page  # no inline script
+    assert "script-src 'self'" in response.headers["Content-Security-Policy"]
+    for asset in re.findall(r'(?:src|href)="(/docs/[^"]+)"', page):
+        loaded = await client.get(asset)
+        assert loaded.status_code == 200, asset
+    for gone in ("/redocs", "/scalar"):
+        assert (await client.get(gone)).status_code == 404
+
+
+@pytest.mark.parametrize("path", ["/docs", "/dashboard/login"])
+async def test_every_html_page_has_a_content_security_policy(client: Client, path: str) -> None:
+    response = await client.get(path)
+    assert response.mimetype == "text/html"
+    assert "Content-Security-Policy" in response.headers
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
 
 
 # -- /jobs/stats: what pins the vacuum horizon --------------------------------------------------
 
 
 async def vacuum_of(client: Client) -> dict[str, Any]:
-    response = await client.get("/jobs/stats")
+    response = await client.get("/jobs/stats", headers=ADMIN)
     assert response.status_code == 200
     vacuum: dict[str, Any] = (await response.get_json())["vacuum"]
     return vacuum

@@ -30,6 +30,7 @@ ROUTES = [
     ("DELETE", "/reminders/{reminder}"),
     ("GET", "/exports/{export}"),
     ("GET", "/exports/{export}.ics"),
+    ("DELETE", "/exports/{export}"),
 ]
 """Every user-scoped route."""
 
@@ -276,3 +277,13 @@ async def test_signup_setting(database: Database, database_url: str, signup: str
 def test_admin_signup_needs_an_admin_token(database_url: str) -> None:
     with pytest.raises(ValueError, match="JOBQ_SIGNUP=admin needs JOBQ_ADMIN_TOKEN"):
         make_settings(database_url, signup="admin")
+
+
+async def test_answers_that_carry_a_new_key_are_never_cached(client: Client) -> None:
+    created = await client.post("/users", json={"name": "Ann", "email": "ann@example.com"})
+    assert created.status_code == 201
+    assert created.headers["Cache-Control"] == "no-store"
+    user = await created.get_json()
+    another = await client.post(f"/users/{user['id']}/keys")
+    assert another.status_code == 201
+    assert another.headers["Cache-Control"] == "no-store"

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from quart.typing import TestClientProtocol as Client
 
-from jobq.api.auth import RateLimiter
+from jobq.api.throttle import RateLimiter
 from jobq.config import Settings
 from jobq.db import Connection
 from tests.api.helpers import assert_error, bearer, create_reminder, create_user

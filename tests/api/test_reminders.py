@@ -227,20 +227,3 @@ async def test_a_reminder_read_just_before_its_delivery_ends_reads_sent(
     assert reminder.status == "sent"
     assert reminder.sent_at == T0 + timedelta(seconds=61)
     assert reminder.attempts == 1
-
-
-async def test_delete_sent_reminder_is_409(
-    client: Client, conn: Connection, run_jobs: RunJobs
-) -> None:
-    with freeze_time(T0, real_asyncio=True):
-        user = await create_user(client)
-        reminder = await create_reminder(client, user["id"], message="x", remind_in_seconds=60)
-    assert await run_jobs(at=T0 + timedelta(seconds=61)) == 1
-    response = await client.delete(f"/reminders/{reminder['id']}")
-    assert response.status_code == 409
-    body = await response.get_json()
-    assert_error(body, "conflict")
-    assert body["detail"]["reminder_id"] == reminder["id"]
-    sent = await conn.fetchrow("SELECT sent_at FROM reminders WHERE id = $1", reminder["id"])
-    assert sent is not None
-    assert sent["sent_at"] == T0 + timedelta(seconds=61)

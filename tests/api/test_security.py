@@ -8,8 +8,10 @@ import asyncio
 import base64
 import contextlib
 import logging
+import os
 import re
 import socket
+import subprocess
 import sys
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -190,6 +192,32 @@ def test_a_blank_admin_token_means_none(token: str) -> None:
     assert Settings(_env_file=None, admin_token=token).admin_token is None
 
 
+@pytest.mark.parametrize(
+    "weak", ["aaaaaaaaaaaaaaaa", "abababababababababab", "1234512345123451234", "short-tok3n"]
+)
+def test_a_weak_admin_token_is_refused_saying_how_to_make_one(weak: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        Settings(_env_file=None, admin_token=weak)
+    message = str(caught.value)
+    assert "secrets.token_urlsafe(32)" in message
+    assert weak not in message
+
+
+def test_a_weak_admin_token_stops_the_process_at_start() -> None:
+    env = {
+        **os.environ,
+        "JOBQ_ADMIN_TOKEN": "aaaaaaaaaaaaaaaa",
+        "DATABASE_URL": "postgresql://x@127.0.0.1:1/x",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "jobq", "serve"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    assert "JOBQ_ADMIN_TOKEN" in done.stderr
+    assert 'python -c "import secrets; print(secrets.token_urlsafe(32))"' in done.stderr
+    assert "aaaaaaaaaaaaaaaa" not in done.stderr + done.stdout
+
+
 def test_a_short_admin_token_is_refused_without_echoing_it() -> None:
     short = "short-tok3n"
     with pytest.raises(ValidationError) as caught:
@@ -269,7 +297,7 @@ async def test_no_password_in_logs_or_bodies_while_the_database_is_cut_off(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     dsn = with_password(db_proxy.dsn, db_password)
-    app = create_app(make_settings(dsn, min_pool_size=1, max_pool_size=2))
+    app = create_app(make_settings(dsn, min_pool_size=1, max_pool_size=2, admin_token=ADMIN_TOKEN))
     bodies: list[str] = []
     with caplog.at_level(logging.DEBUG):
         async with app.test_app() as test_app:
@@ -282,7 +310,7 @@ async def test_no_password_in_logs_or_bodies_while_the_database_is_cut_off(
                     "/users/1", headers={"Authorization": f"Bearer {WELL_FORMED_KEY}"}
                 ),
                 await client.post("/users", json={"name": "Ann", "email": "ann@example.com"}),
-                await client.get("/jobs/stats"),
+                await client.get("/jobs/stats", headers=ADMIN),
             ]:
                 assert response.status_code == 503
                 body = await response.get_json()

@@ -29,6 +29,7 @@ WORKER_ENV = {
     "JOBQ_MAX_POOL_SIZE": "10",
     "JOBQ_LOG_LEVEL": "INFO",
     "JOBQ_JOB_MODULES": "tests.toolkit.handlers",
+    "JOBQ_SIGNUP_RATE_PER_HOUR": "0",  # the traffic signs up a user a request, from one address
 }
 """The workers' settings in every scenario (a scenario may override some): what a deployment
 that wants rescue within seconds would run. Liveness is the advisory lock, so a dead worker's

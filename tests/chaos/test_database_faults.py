@@ -23,6 +23,7 @@ import pytest
 from jobq import db
 from jobq.db import Connection
 from jobq.queue import sql
+from tests.api.conftest import ADMIN, ADMIN_TOKEN
 from tests.chaos import journal
 from tests.chaos.helpers import (
     WORKER_ENV,
@@ -425,13 +426,13 @@ async def test_a_long_transaction_elsewhere_keeps_throughput_and_shows_in_job_st
     conn = chaos_conn
     env = dict(WORKER_ENV)
     workers = [await procs.worker(conn, f"worker-{i}", env) for i in range(LONG_WORKERS)]
-    api, base_url = await start_api(procs, env)
+    api, base_url = await start_api(procs, {**env, "JOBQ_ADMIN_TOKEN": ADMIN_TOKEN})
     running = (*workers, api)
     stop = asyncio.Event()
     producer_conn = await db.connect(database_url)
     producer = asyncio.create_task(produce(stop, producer_conn, 0))
     windows: list[dict[str, Any]] = []
-    http = httpx.AsyncClient(base_url=base_url, timeout=10)
+    http = httpx.AsyncClient(base_url=base_url, timeout=10, headers=ADMIN)  # for /jobs/stats
 
     async def window(phase: str) -> None:
         start = utcnow()

@@ -12,6 +12,8 @@ import httpx
 import pytest
 from freezegun import freeze_time
 
+from jobq.api.throttle import FAILURE_BURST
+from jobq.app import create_app
 from jobq.config import Settings
 from jobq.dashboard import lists, views
 from jobq.dashboard.session import SESSION_MAX_AGE
@@ -21,6 +23,7 @@ from jobq.queue.history import RATE_WINDOW_S, rates
 from jobq.queue.recurrence import ScheduleSpec
 from tests.conftest import make_settings
 from tests.dashboard.conftest import ADMIN, ADMIN_TOKEN, MakeWorker, fill, fill_history, log_in
+from tests.toolkit.served import served
 
 PAGES = ("/dashboard/", "/dashboard/jobs", "/dashboard/dead", "/dashboard/jobs/1")
 
@@ -42,9 +45,6 @@ def no_token_settings(pool_url: str) -> Settings:
 async def test_without_an_admin_token_the_dashboard_is_404(
     path: str, pool_url: str, database: object
 ) -> None:
-    from jobq.app import create_app
-    from tests.toolkit.served import served
-
     async with (
         served(create_app(make_settings(pool_url))) as url,
         httpx.AsyncClient(base_url=url) as client,
@@ -179,6 +179,57 @@ async def test_a_same_site_action_with_its_csrf_token_works_and_logout_ends_the_
     assert (
         'jobq_dashboard=""' in out.headers["set-cookie"] or "Max-Age=0" in out.headers["set-cookie"]
     )
+
+
+async def test_after_logout_the_old_cookie_and_form_token_are_refused_by_every_process(
+    http: httpx.AsyncClient, conn: Connection, settings: Settings, base_url: str
+) -> None:
+    """The session ends on the server: a second web process (another app, its own pool) that
+    never saw the logout refuses the cookie as well."""
+    cookie, csrf = await log_in(http)
+    jar = {"Cookie": f"jobq_dashboard={cookie}", "Origin": base_url}
+    async with (
+        served(create_app(settings)) as other_url,
+        httpx.AsyncClient(base_url=other_url, timeout=10) as other,
+    ):
+        assert (await other.get("/dashboard/", headers=jar)).status_code == 200
+        out = await http.post("/dashboard/logout", data={"csrf": csrf}, headers=jar)
+        assert out.status_code == 303
+        for client in (http, other):
+            page = await client.get("/dashboard/", headers=jar)
+            assert page.status_code == 303  # to the login form
+            assert page.headers["location"].startswith("/dashboard/login")
+            action = await client.post(
+                "/dashboard/queues/default/pause", data={"csrf": csrf}, headers=jar
+            )
+            assert action.status_code == 401
+            assert action.json()["error"] == "unauthorized"
+    assert not await paused(conn)
+    assert await conn.fetchval("SELECT count(*) FROM dashboard_session") == 0
+    again, _ = await log_in(http)  # a new login works
+    assert again != cookie
+
+
+async def test_wrong_tokens_at_the_login_form_are_throttled_per_address(
+    pool_url: str, database: object
+) -> None:
+    settings = make_settings(pool_url, admin_token=ADMIN_TOKEN, auth_failures_per_min=1)
+    async with (
+        served(create_app(settings)) as url,
+        httpx.AsyncClient(base_url=url, timeout=10) as client,
+    ):
+        for _ in range(FAILURE_BURST):
+            wrong = await client.post("/dashboard/login", data={"token": "wrong-token-0123456789"})
+            assert wrong.status_code == 401
+        for token in ("wrong-token-0123456789", ADMIN_TOKEN):  # the right one waits too
+            throttled = await client.post("/dashboard/login", data={"token": token})
+            assert throttled.status_code == 429
+            assert int(throttled.headers["Retry-After"]) >= 1
+            assert "set-cookie" not in throttled.headers
+            assert "try again in" in throttled.text
+        bearer = await client.get("/dashboard/", headers=ADMIN)
+        assert bearer.status_code == 429
+        assert bearer.json()["error"] == "too_many_requests"
 
 
 async def test_no_secret_shows_in_a_page_or_a_log(

@@ -44,6 +44,7 @@ DOMAIN_TABLES = {
     "exports",
     "export_parts",
     "api_keys",
+    "dashboard_session",
     "webhook_hold",
     "webhook_hold_take",  # the delivery shares' function (jobq.domain.shares)
 }

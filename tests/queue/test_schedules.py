@@ -5,6 +5,7 @@ and exactly one job per occurrence with several schedulers at once (real connect
 from __future__ import annotations
 
 import asyncio
+import logging
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -13,7 +14,7 @@ from freezegun import freeze_time
 from pydantic import BaseModel
 
 from jobq.db import Connection, Database
-from jobq.queue import JobContext, Registry
+from jobq.queue import JobContext, Registry, schedule
 from jobq.queue.leader.schedules import enqueue_due
 from jobq.queue.recurrence import Cron, Interval, Rule, ScheduleSpec, due, wall_time, zone
 from tests.queue.helpers import MakeWorker
@@ -248,3 +249,31 @@ def test_a_bad_declaration_is_refused_at_once() -> None:
         ScheduleSpec(name="x", job_type="x", cron="* * * * *", tz="Nowhere/Else")
     with pytest.raises(ValueError, match="above @handler"):
         Registry().periodic(every=5)(lambda args, job: None)
+
+
+async def test_a_schedule_whose_next_occurrence_is_over_budget_ends_after_the_one_due(
+    conn: Connection, database: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each occurrence eleven years after the last: the one due is enqueued, then the
+    schedule ends (its next is past the rules' ten-year horizon), saying so; no round blocks."""
+    handlers = Registry()
+    rule = "FREQ=YEARLY;INTERVAL=11"
+    async with conn.transaction():
+        await schedule.save(
+            conn,
+            name="reminder:1",
+            job_type="every.eleven.years",
+            arguments={},
+            rrule=Rule(rule, zone("UTC"), T0).definite_text,
+            tz="UTC",
+            starts_at=T0,
+            queue="default",
+            concurrency_key=None,
+            occurrence_arg="occurrence_at",
+            first=T0,
+        )
+    with caplog.at_level(logging.WARNING):
+        assert await enqueue_due(database, handlers, now=T0 - timedelta(seconds=5)) == 1
+    assert await conn.fetchval("SELECT next_at FROM job_schedule") is None
+    assert "over budget" in caplog.text
+    assert await enqueue_due(database, handlers, now=T0 + timedelta(days=4100)) == 0

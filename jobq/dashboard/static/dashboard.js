@@ -26,8 +26,13 @@
     });
   }
 
+  // The next refresh is scheduled once this one has finished (never on a fixed interval): a
+  // slow answer delays the next instead of stacking requests on a busy server.
   function refresh() {
-    if (document.hidden) { return; }
+    if (document.hidden) {
+      window.setTimeout(refresh, everyMs);
+      return;
+    }
     fetch(window.location.href, { credentials: "same-origin", redirect: "manual" })
       .then(function (response) {
         if (response.type === "opaqueredirect" || !response.ok) {
@@ -55,9 +60,12 @@
           live.classList.add("stale");
           live.title = "could not refresh (logged out, or the server is unreachable): reload";
         }
+      })
+      .then(function () {
+        window.setTimeout(refresh, everyMs);
       });
   }
 
   wireTickAll(document);
-  window.setInterval(refresh, everyMs);
+  window.setTimeout(refresh, everyMs);
 })();

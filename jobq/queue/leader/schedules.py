@@ -13,6 +13,7 @@ their occurrences are, `jobq.queue.recurrence`'s.
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -20,9 +21,11 @@ from jobq import clock, db
 from jobq.config import Settings
 from jobq.db import Connection, Database
 from jobq.queue import metrics, sql, wakeup
-from jobq.queue.recurrence import LOOK_AHEAD, due, recurrence_of
+from jobq.queue.recurrence import LOOK_AHEAD, OverBudget, due, recurrence_of
 from jobq.queue.registry import Registry
 from jobq.queue.service import Service
+
+log = logging.getLogger(__name__)
 
 
 def scheduler(database: Database, settings: Settings, handlers: Registry) -> Service:
@@ -48,14 +51,18 @@ async def enqueue_due(
     db.bind(database)  # in the caller's context (a service's own)
     async with db.transaction() as conn:
         for row in await sql.schedule_due.fetch(conn, horizon=now + look_ahead, limit=100):
-            ats, next_at = due(
-                recurrence_of(row),
-                row["next_at"],
-                now=now,
-                horizon=now + look_ahead,
-                misfire=row["misfire"],
-                backfill=row["backfill"],
-            )
+            try:
+                ats, next_at = due(
+                    recurrence_of(row),
+                    row["next_at"],
+                    now=now,
+                    horizon=now + look_ahead,
+                    misfire=row["misfire"],
+                    backfill=row["backfill"],
+                )
+            except OverBudget as exc:  # its rule's next occurrence: too far, or too costly
+                log.warning("schedule %s ends: %s", row["name"], exc)
+                ats, next_at = [], None
             if ats:
                 enqueued += await _occurrences(conn, row, ats, handlers, now)
             await sql.schedule_advance.execute(conn, name=row["name"], next_at=next_at)
