@@ -44,7 +44,7 @@ ENDPOINT_RESPONSES: dict[str, dict[int, Extra]] = {
     "users.revoke_key": {204: "no_content"},
     "users.create_reminder": {409: "conflict"},
     "users.request_export": {202: "location", 409: "conflict"},
-    "reminders.delete_reminder": {204: "no_content", 409: "conflict"},
+    "reminders.delete_reminder": {204: "no_content"},
     "exports.delete_export": {204: "no_content"},
     "exports.get_export": {303: "see_file"},
     "exports.download_export": {200: "calendar", 409: "conflict"},
