@@ -129,10 +129,9 @@ async def create_reminder(user_id: int, data: NewReminder) -> tuple[Reminder, in
     limit = _settings().max_reminders_per_user
     now = clock.now()
     worked_out = await reminders.plan_reminder(data, now=now)  # off the event loop
-    async with transaction():
-        created = await reminders.schedule_reminder(
-            user_id, data, max_unsent=limit, now=now, worked_out=worked_out
-        )
+    created = await reminders.schedule_reminder(
+        user_id, data, max_unsent=limit, now=now, worked_out=worked_out
+    )
     return created, 201
 
 
