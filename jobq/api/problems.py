@@ -47,6 +47,7 @@ class NotFoundDetail(_Body):
     export_id: int | Absent = None
     key_id: int | Absent = None
     job_id: int | Absent = None
+    workflow_id: int | Absent = None
     queue: str | Absent = None
 
 
@@ -73,6 +74,10 @@ class ConflictDetail(_Body):
     message: str
     field: str | Absent = Field(default=None, description="the field whose value is taken")
     limit: int | Absent = Field(default=None, description="the per-user limit reached")
+    resource: str | Absent = Field(
+        default=None,
+        description="what the limit counts: `api_keys`, `exports` or `export_bytes`",
+    )
     reminder_id: int | Absent = None
     export_id: int | Absent = None
     job_id: int | Absent = None

@@ -86,6 +86,7 @@ async def test_slow_webhooks_hold_their_shares_and_the_others_are_on_time(
             "JOBQ_HTTP_PORT": str(port),
             "JOBQ_WEBHOOK_ALLOW_PRIVATE": "true",  # every webhook is on a loopback address
             "JOBQ_RATE_LIMIT_PER_S": "0",
+            "JOBQ_SIGNUP_RATE_PER_HOUR": "0",  # nine users sign up from one address
             "JOBQ_LOG_LEVEL": "WARNING",
         },
     )
