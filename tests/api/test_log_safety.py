@@ -9,6 +9,7 @@ import io
 import json
 import logging
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 import httpx
@@ -82,13 +83,14 @@ async def test_a_delivery_logs_no_credentials_path_or_query(
     _, out = log_lines
     url = receiver.url.replace("http://", "http://ann:hunter2pass@") + "?token=s3cr3t-t0ken"
     user = await create_user(client, webhook_url=url)
-    await create_reminder(client, user["id"], message="hi", remind_in_seconds=0.01)
+    await create_reminder(client, user["id"], message="hi", remind_in_seconds=60)
+    later = datetime.now(UTC) + timedelta(minutes=5)  # the workers run past its due time
     receiver.status = 500  # a failed attempt logs too
     with caplog.at_level(logging.DEBUG):
-        await run_jobs()
+        assert await run_jobs(at=later) == 1
         receiver.status = 200
-        await conn.execute("UPDATE job SET ripe_at = now()")  # the retry, at once
-        await run_jobs()
+        await conn.execute("UPDATE job SET ripe_at = $1", later)  # the retry, at once
+        assert await run_jobs(at=later) == 1
     assert [r.path for r in receiver.requests] == ["/hook?token=s3cr3t-t0ken"] * 2
     written = out.getvalue()
     origin = receiver.url.removesuffix("/hook")
@@ -105,8 +107,9 @@ async def test_a_forged_newline_in_a_message_stays_one_escaped_line(
     log_format, out = log_lines
     user = await create_user(client)  # no webhook: the reminder is delivered to the log
     message = f"hi{FORGED}"
-    await create_reminder(client, user["id"], message=message, remind_in_seconds=0.01)
-    await run_jobs()
+    await create_reminder(client, user["id"], message=message, remind_in_seconds=60)
+    later = datetime.now(UTC) + timedelta(minutes=5)  # the worker runs past its due time
+    assert await run_jobs(at=later) == 1
     lines = out.getvalue().splitlines()
     delivered = [line for line in lines if "reminder 1 for user" in line]
     assert len(delivered) == 1

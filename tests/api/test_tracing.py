@@ -84,8 +84,12 @@ async def test_the_handler_span_is_a_child_of_the_enqueuing_request(
     assert handler.context.trace_id == request.context.trace_id
     assert handler.parent.span_id == request.context.span_id
     assert handler.kind is SpanKind.CONSUMER
-    job_id = await conn.fetchval(
-        "SELECT id FROM job_done WHERE arguments->>'reminder_id' = $1", str(reminder["id"])
+    job_id = await eventually(  # the worker records the outcome after the span ends
+        lambda: conn.fetchval(
+            "SELECT id FROM job_done WHERE arguments->>'reminder_id' = $1", str(reminder["id"])
+        ),
+        within=30,
+        what="the job's recorded success",
     )
     assert handler.attributes == {
         "jobq.job.id": job_id,
