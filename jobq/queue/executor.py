@@ -47,6 +47,10 @@ _NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 """An escaped NUL character in JSON text, which PostgreSQL's jsonb refuses."""
 
 
+_NO_SPAN = contextlib.nullcontext()
+"""The span of an attempt that is not traced (a nullcontext can be entered again and again)."""
+
+
 class ResultError(Exception):
     """A handler's result cannot be stored: not JSON, or too large. Its job fails for good."""
 
@@ -191,7 +195,7 @@ class Executor:
                 traceparent=traceparent,
             )
             if traced
-            else contextlib.nullcontext()
+            else _NO_SPAN
         )
         with span_of_attempt as span:
             try:
