@@ -278,7 +278,7 @@ async def schedule_reminder(
             try:
                 return await _create_one_off(conn, reminder_id, user_id, data, remind_at, now)
             except BaseException:
-                await _release_hold(conn, reminder_id)
+                await _release_hold(reminder_id, conn)
                 raise
     # A transaction takes a connection of its own once the hold's is back in the pool: a
     # request that held one while it waited for another could wait forever on a full pool.
@@ -288,16 +288,19 @@ async def schedule_reminder(
                 return await _create_one_off(conn, reminder_id, user_id, data, remind_at, now)
             return await _create(conn, reminder_id, user_id, data, remind_at, now, worked_out)
     except BaseException:
-        async with database.pool.acquire() as conn:
-            await _release_hold(conn, reminder_id)
+        await _release_hold(reminder_id)
         raise
 
 
-async def _release_hold(conn: db.Connection, hold_id: int) -> None:
-    """Release hold `hold_id`, whose creation failed, on `conn` (autocommit); a failure is
-    logged (the hold is then dropped after `HOLD_GRACE`)."""
+async def _release_hold(hold_id: int, conn: db.Connection | None = None) -> None:
+    """Release hold `hold_id`, whose creation failed, on `conn` (autocommit; None: a pooled
+    connection); a failure is logged (the hold is then dropped after `HOLD_GRACE`)."""
     try:
-        await statements.reminder_hold_release.execute(conn, hold_id=hold_id)
+        if conn is not None:
+            await statements.reminder_hold_release.execute(conn, hold_id=hold_id)
+            return
+        async with db.current_database().pool.acquire() as pooled:
+            await statements.reminder_hold_release.execute(pooled, hold_id=hold_id)
     except Exception as exc:
         log.warning("could not release a reminder's hold (%s: %s)", type(exc).__name__, exc)
 
