@@ -40,26 +40,37 @@ class Ran:
 Jobq = Callable[..., Awaitable[Ran]]
 
 
+async def run_jobq(database_url: str, *args: str, env: Mapping[str, str] = {}) -> Ran:
+    """Run `python -m jobq <args>` on the database of `database_url`."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "jobq",
+        *args,
+        cwd=PROJECT_ROOT,
+        env=subprocess_env(database_url, env),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout=60)
+    assert process.returncode is not None
+    return Ran(process.returncode, out.decode(), err.decode())
+
+
 @pytest.fixture
 def jobq(database: Database, database_url: str) -> Jobq:
     """Runs `python -m jobq <args>` on the test database (emptied for this test)."""
 
     async def run(*args: str, env: Mapping[str, str] = {}) -> Ran:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "jobq",
-            *args,
-            cwd=PROJECT_ROOT,
-            env=subprocess_env(database_url, env),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await asyncio.wait_for(process.communicate(), timeout=60)
-        assert process.returncode is not None
-        return Ran(process.returncode, out.decode(), err.decode())
+        return await run_jobq(database_url, *args, env=env)
 
     return run
+
+
+@pytest.fixture(scope="module")
+async def overall_help(database_url: str) -> Ran:
+    """What `python -m jobq --help` prints (the same for every test: run once)."""
+    return await run_jobq(database_url, "--help")
 
 
 async def insert_dead(conn: Connection, job_id: int, arguments: dict[str, Any]) -> None:
@@ -248,15 +259,17 @@ COMMANDS = [
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-async def test_every_command_has_its_own_help_with_examples(jobq: Jobq, command: str) -> None:
+async def test_every_command_has_its_own_help_with_examples(
+    jobq: Jobq, overall_help: Ran, command: str
+) -> None:
     ran = await jobq(*command.split(), "--help")
     assert ran.code == 0, ran.err
     assert ran.out.startswith(f"usage: python -m jobq {command}"), ran.out
     examples = ran.out[ran.out.index("\nexamples:\n") :]
     assert f"python -m jobq {command.split()[0]}" in examples
     assert ran.out.count("\n") > 6  # a description, not the global text
-    overall = await jobq("--help")
-    assert ran.out != overall.out
+    assert overall_help.code == 0, overall_help.err
+    assert ran.out != overall_help.out
 
 
 async def test_workers_lists_the_registered_workers(

@@ -44,11 +44,15 @@ async def start_workers(manager: Procs, conn: Connection, num: int) -> list[Proc
     return procs
 
 
-async def enqueue_sleeps(queue: str, keys: list[str], per_key: int, seconds: float) -> None:
+async def enqueue_sleeps(
+    queue: str, keys: list[str], per_key: int, seconds: float, batch: int = 0
+) -> None:
+    """Enqueue `per_key` jobs of each key that sleep `seconds`; each `batch` (0, 1, ...) numbers
+    its jobs apart from the others' (no duplicate)."""
     await enqueue_many(
         Job(
             job_type=JOB_TYPE,
-            arguments={"n": k * per_key + n, "sleep_s": seconds},
+            arguments={"n": (batch * len(keys) + k) * per_key + n, "sleep_s": seconds},
             queue=queue,
             concurrency_key=key,
         )
@@ -130,11 +134,13 @@ async def test_limits_hold_through_the_sigkill_of_a_worker_and_the_rescue_of_its
 ) -> None:
     """Queue `capped`: at most 3 running at once, 2 per key. One of three worker processes is
     killed while it runs jobs; its jobs are rescued and run elsewhere. At no instant across
-    the kill do more than the limits run, and no job is lost."""
+    the kill do more than the limits run, and no job is lost. The victim starts alone on a
+    first batch; a second one, enqueued once the others are up, leaves work to claim beside
+    it and after the kill however long they took to start."""
     conn = journal
     victim = procs.start("worker", "victim", QUEUE_ENV)
     await registered(conn, victim)
-    await enqueue_sleeps("capped", ["a", "b"], per_key=20, seconds=1.0)
+    await enqueue_sleeps("capped", ["a", "b"], per_key=7, seconds=1.0)
 
     async def victim_running() -> bool:
         found: bool = await conn.fetchval(
@@ -148,6 +154,7 @@ async def test_limits_hold_through_the_sigkill_of_a_worker_and_the_rescue_of_its
     others = [procs.start("worker", f"worker-{n}", QUEUE_ENV) for n in range(2)]
     for proc in others:
         await registered(conn, proc)
+    await enqueue_sleeps("capped", ["a", "b"], per_key=7, seconds=1.0, batch=1)
 
     async def victim_midway() -> bool:
         """The victim runs a job that started under half its second ago: the kill, sent at
@@ -164,7 +171,7 @@ async def test_limits_hold_through_the_sigkill_of_a_worker_and_the_rescue_of_its
     await eventually(victim_midway, within=WAIT_S, what="the victim to start a job")
     killed_at = victim.send(signal.SIGKILL)
     assert await victim.exit_code(within=10) == -signal.SIGKILL
-    await all_finished(conn, 40, tuple(others))
+    await all_finished(conn, 28, tuple(others))
 
     spans = await intervals(conn, killed_pid=victim.pid, killed_at=killed_at)
     overall, per_key = peaks(spans)

@@ -10,6 +10,7 @@ ones, so a client can switch over before revoking its old key.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import re
@@ -77,17 +78,25 @@ def key_id(key: str) -> int | None:
 KEY_CACHE_TTL_S = 1.0
 """How long a process trusts a key's lookup: a revocation made elsewhere is seen within it."""
 
+Found = dict[int, tuple[int, bytes]]
+"""Keys looked up: each key's id to its owner's id and its digest (unrevoked keys only)."""
+
 
 class KeyCache:
     """The owner and digest of each key looked up in the last `ttl_s` seconds (monotonic clock,
-    from before the lookup was sent), at most `max_keys` of them: the lookup of a key in use is
-    one statement a second per process, not one per request, and a revocation is still seen
-    within `ttl_s` everywhere (at once in the process that made it: `forget_after_commit`)."""
+    from before the lookup was sent), at most `max_keys` of them: a revocation is seen within
+    `ttl_s` everywhere (at once in the process that made it: `forget_after_commit`).
+
+    A key not cached, or cached too long ago, is looked up together with every other key of the
+    cache past half its `ttl_s`, in one statement (`lookup`): however many keys are in use, a
+    process looks them up about twice per `ttl_s`, not once per key. Requests for a key whose
+    lookup is in flight wait for it rather than send another."""
 
     def __init__(self, ttl_s: float = KEY_CACHE_TTL_S, max_keys: int = 10_000) -> None:
         self.ttl_s = ttl_s
         self.max_keys = max_keys
         self._found: dict[int, tuple[float, int, bytes]] = {}
+        self._pending: dict[int, asyncio.Task[Found]] = {}
 
     def get(self, key_id: int) -> tuple[int, bytes] | None:
         """The cached `(user_id, digest)` of key `key_id`, unless missing or too old."""
@@ -101,6 +110,43 @@ class KeyCache:
         if len(self._found) >= self.max_keys:
             self._found.clear()  # a second's worth of keys: refilled as they come
         self._found[key_id] = (looked_up, user_id, digest)
+
+    async def lookup(self, key_id: int) -> tuple[int, bytes] | None:
+        """The `(user_id, digest)` of key `key_id` (None: unknown or revoked): cached, else
+        looked up with the cache's aging keys in one statement, or by the lookup in flight that
+        covers it (on a pooled connection of its own, autocommit). Raises: `asyncpg` errors."""
+        cached = self.get(key_id)
+        if cached is not None:
+            return cached
+        task = self._pending.get(key_id)
+        if task is None:
+            now = time.monotonic()
+            aging = [
+                k
+                for k, (at, _, _) in self._found.items()
+                if now - at > self.ttl_s / 2 and k not in self._pending
+            ]
+            ids = sorted({key_id, *aging})
+            # a task: a request cancelled meanwhile does not cancel the others' lookup
+            task = asyncio.get_running_loop().create_task(self._look_up(ids, now))
+            for k in ids:
+                self._pending[k] = task
+        return (await asyncio.shield(task)).get(key_id)
+
+    async def _look_up(self, ids: list[int], now: float) -> Found:
+        try:
+            async with db.current_database().pool.acquire() as conn:
+                rows = await statements.api_key_find_many.fetch(conn, key_ids=ids)
+        finally:
+            for k in ids:
+                self._pending.pop(k, None)
+        found = {r["id"]: (r["user_id"], bytes(r["digest"])) for r in rows}
+        for k in ids:
+            if k in found:
+                self.put(k, *found[k], now)
+            else:
+                self._found.pop(k, None)
+        return found
 
     def forget_after_commit(self, key_id: int) -> None:
         """Forget key `key_id` once the transaction in progress commits (a revocation)."""
@@ -118,21 +164,19 @@ class KeyCache:
 async def authenticate(key: str, cache: KeyCache | None = None) -> tuple[int, int] | None:
     """Return `(user_id, key_id)` of a valid, unrevoked key, else None. The lookup is one
     statement on a pooled connection of its own (autocommit), outside any transaction: it runs
-    on every request, before the request's own transaction, unless `cache` has the key."""
+    before the request's own transaction, unless `cache` has the key (`KeyCache.lookup`)."""
     found = key_id(key)
     if found is None:
         return None
     digest = _digest(key)
-    cached = None if cache is None else cache.get(found)
-    if cached is None or not hmac.compare_digest(cached[1], digest):
-        looked_up = time.monotonic()
+    if cache is not None:
+        cached = cache.get(found)
+        if cached is None or not hmac.compare_digest(cached[1], digest):
+            cached = await cache.lookup(found)
+    else:
         async with db.current_database().pool.acquire() as conn:
             row = await statements.api_key_find.fetchrow(conn, key_id=found)
-        if row is None:
-            return None
-        cached = (row["user_id"], bytes(row["digest"]))
-        if cache is not None:
-            cache.put(found, *cached, looked_up)
-    if not hmac.compare_digest(cached[1], digest):
+        cached = None if row is None else (row["user_id"], bytes(row["digest"]))
+    if cached is None or not hmac.compare_digest(cached[1], digest):
         return None
     return cached[0], found

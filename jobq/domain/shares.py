@@ -41,7 +41,10 @@ def delivery_key(user_id: int) -> str:
 
 async def take(address: str, now: datetime, settings: Settings) -> int | timedelta:
     """Take a hold on one of `address`'s delivery slots (`Target.share_key`) at `now`, in a
-    statement of its own (its own transaction): return its id, or, when the address is at its
+    statement of its own (its own transaction, committed without waiting for the disk, so that
+    the takes of one address do not queue behind each other's flushes), then make it durable
+    (a second statement, whose flush joins those of the other commits): a database crash loses
+    no hold whose attempt may have started. Return its id, or, when the address is at its
     limits, how long to wait before trying again: until a slot may be free, at most `MAX_WAIT`,
     times a random 1 to 1.5 (so that the attempts waiting on one address spread out)."""
     async with db.current_database().pool.acquire() as conn:
@@ -54,10 +57,11 @@ async def take(address: str, now: datetime, settings: Settings) -> int | timedel
             max_starts=settings.reminder_host_rate,
             period=settings.reminder_host_rate_period,
         )
-    assert row is not None  # the function returns one row
-    if row["hold_id"] is not None:
-        hold_id: int = row["hold_id"]
-        return hold_id
+        assert row is not None  # the function returns one row
+        if row["hold_id"] is not None:
+            hold_id: int = row["hold_id"]
+            await statements.webhook_hold_confirm.execute(conn, hold_id=hold_id)
+            return hold_id
     wait: timedelta = min(max(row["retry_at"] - now, timedelta(0)), MAX_WAIT)
     return wait * random.uniform(1.0, 1.5)
 

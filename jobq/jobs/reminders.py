@@ -132,10 +132,13 @@ async def release(hold: int) -> None:
         await shares.release(hold, clock.now())
 
 
+_AWARE = TypeAdapter(AwareDatetime)
+
+
 def utc_z(moment: datetime) -> str:
     """`moment` in UTC as ISO 8601 with `Z`, the API's one time format: pydantic's JSON form
     (`2030-01-01T08:00:00Z`, microseconds when there are some)."""
-    text: str = TypeAdapter(AwareDatetime).dump_python(moment.astimezone(UTC), mode="json")
+    text: str = _AWARE.dump_python(moment.astimezone(UTC), mode="json")
     return text
 
 
@@ -179,10 +182,7 @@ async def send_reminder(args: SendReminderArgs, job: JobContext) -> None:
     settings: Settings = job.state["settings"]
     http: aiohttp.ClientSession = job.state["http"]
     occurrence = args.occurrence_at
-    async with transaction(readonly=True):
-        delivery = await reminders.pending_delivery(
-            args.reminder_id, recurring=occurrence is not None
-        )
+    delivery = await reminders.pending_delivery(args.reminder_id, recurring=occurrence is not None)
     if delivery is None:
         return  # sent by an earlier run, or deleted
     hold: int | None = None
@@ -203,10 +203,7 @@ async def send_reminder(args: SendReminderArgs, job: JobContext) -> None:
         body = json.dumps(fields, ensure_ascii=False).encode()
         msg_id = delivery_id(delivery.reminder_id, occurrence)
         hold = await deliver(http, delivery.webhook_url, body, settings=settings, msg_id=msg_id)
-    async with transaction():
-        if hold is not None:
-            await shares.release(hold, clock.now())
-        if occurrence is None:
-            await reminders.mark_sent(args.reminder_id, attempts=job.attempt)
-        else:
-            await reminders.mark_occurrence_sent(args.reminder_id, occurrence)
+    if occurrence is None:
+        await reminders.mark_sent(args.reminder_id, attempts=job.attempt, hold_id=hold)
+    else:
+        await reminders.mark_occurrence_sent(args.reminder_id, occurrence, hold_id=hold)

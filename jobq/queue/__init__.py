@@ -21,7 +21,7 @@ from jobq.queue.registry import (
     periodic,
     registry,
 )
-from jobq.queue.store import enqueue, enqueue_many
+from jobq.queue.store import enqueue, enqueue_columns, enqueue_many, enqueued
 from jobq.queue.worker import Worker
 
 __all__ = [
@@ -43,9 +43,11 @@ __all__ = [
     "dependencies",
     "enqueue",
     "enqueue_batch",
+    "enqueue_columns",
     "enqueue_in_sequence",
     "enqueue_many",
     "enqueue_workflow",
+    "enqueued",
     "handler",
     "periodic",
     "registry",

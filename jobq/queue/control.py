@@ -309,24 +309,11 @@ async def await_end(
     Runs its statements alone (not in the caller's transaction: the job's end must be seen).
     Raises: `NotFound` for an unknown job; `OSError` / `asyncpg.PostgresError`.
     """
-    database = database or current_database()
-    registry = waiters(database)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        event = await registry.subscribe(job_id)
-        try:
-            job = await _mark_awaited(database, job_id)
-            remaining = deadline - loop.time()
-            if job.state.finished or remaining <= 0:
-                return job
-            try:
-                async with asyncio.timeout(remaining):
-                    await event.wait()
-            except TimeoutError:
-                pass
-        finally:
-            registry.unsubscribe(job_id, event)
+    last: JobView | None = None
+    async for view in watch(job_id, timeout, database=database):
+        last = view
+    assert last is not None  # watch yields the job at least once
+    return last
 
 
 async def watch(

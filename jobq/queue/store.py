@@ -97,6 +97,41 @@ async def _enqueue(conn: Connection, job: Job, handlers: Registry) -> Enqueued:
     return Enqueued(id=row["id"], duplicate=row["duplicate"])
 
 
+def enqueue_columns(job: Job, *, handlers: Registry = registry) -> dict[str, Any]:
+    """`job` as the SQL function `job_enqueue` takes it (sql/functions/job_enqueue.sql), for a
+    statement of the caller's that enqueues `job` while it writes rows of its own, atomically
+    and in one round trip: `job_type`, `arguments` (a dict), `ripe_at`, `priority`,
+    `max_retries`, `queue`, `concurrency_key`, `unique_mode`, `unique_key` and `traceparent`
+    (the current span's, or None), each filled in from `handlers` as `enqueue` does; the
+    statement gives the time. Once the statement has run, `enqueued` does the rest.
+    A queued twin (`Unique` `queued`) is left as it is, whatever its `on_conflict`:
+    `job_enqueue` then returns NULL, and the caller decides.
+    Raises: `ValueError` for a `Unique` `active` or `period` (use `enqueue`)."""
+    unique = unique_of(job, handlers)
+    if unique.among not in ("none", "queued"):
+        raise ValueError(f"enqueue_columns takes no {unique!r}: use enqueue")
+    return {
+        "job_type": job.job_type,
+        "arguments": job.arguments,
+        "ripe_at": job.ripe_at,
+        "priority": job.priority,
+        "max_retries": max_retries_of(job, handlers),
+        "queue": queue_of(job, handlers),
+        "concurrency_key": job.concurrency_key,
+        "unique_mode": unique.among,
+        "unique_key": unique.key,
+        "traceparent": tracing.current_traceparent(),
+    }
+
+
+def enqueued(job: Job, *, handlers: Registry = registry) -> None:
+    """Tell that `job` was enqueued by a statement of the caller's (`enqueue_columns`): the
+    workers are woken and it is counted once the transaction in progress commits (outside a
+    transaction, now: the statement has committed)."""
+    wake_workers_after_commit()
+    metrics.count_after_commit([(queue_of(job, handlers), job.job_type)], "enqueued")
+
+
 async def _hasten(conn: Connection, job_id: int, ripe_at: datetime) -> bool:
     """Move queued job `job_id` to `ripe_at` if that is earlier; return whether it moved."""
     return await sql.job_hasten.execute(conn, job_id=job_id, ripe_at=ripe_at) != "UPDATE 0"

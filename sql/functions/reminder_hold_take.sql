@@ -1,7 +1,7 @@
 -- Take a hold on one more unsent reminder of user p_user_id, whose unsent reminders plus holds
 -- may number p_max: returns the hold's id (the id its reminder will have, from the reminders'
--- sequence) and the user's webhook_url; hold_id NULL when the user is at the cap; no row for an
--- unknown user. It runs alone, in autocommit (asserted), and commits asynchronously.
+-- sequence); hold_id NULL when the user is at the cap; no row for an unknown user. It runs
+-- alone, in autocommit (asserted), and commits asynchronously.
 --
 -- Why it is exact (READ COMMITTED): every take updates the user's row of reminder_quotas, so
 -- takes of one user run one at a time, each from its UPDATE to its commit. The fast path's
@@ -20,7 +20,7 @@
 -- p_grace and not locked (a request's transaction locks its hold when it deletes it).
 CREATE OR REPLACE FUNCTION reminder_hold_take(
     p_user_id bigint, p_max integer, p_now timestamptz, p_grace interval
-) RETURNS TABLE (hold_id bigint, webhook_url text) LANGUAGE plpgsql AS $$
+) RETURNS TABLE (hold_id bigint) LANGUAGE plpgsql AS $$
 DECLARE
     v_held bigint;
 BEGIN
@@ -47,7 +47,7 @@ BEGIN
         INTO v_held;
         IF v_held >= p_max THEN
             UPDATE reminder_quotas AS q SET taken = v_held WHERE q.user_id = p_user_id;
-            RETURN QUERY SELECT NULL::bigint, u.webhook_url FROM users AS u WHERE u.id = p_user_id;
+            RETURN QUERY SELECT NULL::bigint;
             RETURN;
         END IF;
         UPDATE reminder_quotas AS q SET taken = v_held + 1 WHERE q.user_id = p_user_id;
@@ -55,6 +55,6 @@ BEGIN
     RETURN QUERY
     INSERT INTO reminder_holds AS h (id, user_id, taken_at)
     VALUES (nextval('reminders_id_seq'), p_user_id, p_now)
-    RETURNING h.id, (SELECT u.webhook_url FROM users AS u WHERE u.id = p_user_id);
+    RETURNING h.id;
 END
 $$;

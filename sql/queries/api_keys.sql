@@ -19,3 +19,8 @@ RETURNING id;
 -- name: api_key_find
 -- The owner and digest of key :key_id, unless it is revoked.
 SELECT user_id, digest FROM api_keys WHERE id = :key_id AND revoked_at IS NULL;
+
+-- name: api_key_find_many
+-- The id, owner and digest of each of keys :key_ids that is not revoked (the cache's lookups).
+SELECT id, user_id, digest FROM api_keys
+WHERE id = ANY(:key_ids::bigint[]) AND revoked_at IS NULL;

@@ -1,26 +1,42 @@
 -- name: reminder_hold_take
 -- A hold on one more unsent reminder of user :user_id, at most :max_unsent (see the function);
 -- alone, in autocommit.
-SELECT hold_id, webhook_url FROM reminder_hold_take(:user_id, :max_unsent, :now, :grace);
+SELECT hold_id FROM reminder_hold_take(:user_id, :max_unsent, :now, :grace);
 
 -- name: reminder_hold_release!
 -- Release hold :hold_id, whose request failed (nothing when its reminder was made).
 DELETE FROM reminder_holds WHERE id = :hold_id;
 
 -- name: reminder_create
--- Turn hold :id (reminder_hold_take) into user :user_id's reminder with that id (:job_id: its
--- send_reminder job, NULL when recurring; :rrule, :tz, :until, :count: its recurrence, or NULLs);
--- returns its id, or no row when the hold is gone (dropped as its request's, after the grace).
+-- Turn hold :id (reminder_hold_take) into user :user_id's recurring reminder with that id (:rrule,
+-- :tz, :until, :count: its recurrence; its schedule is saved in the same transaction); returns
+-- its id, or no row when the hold is gone (dropped as its request's, after the grace).
 WITH hold AS (
     DELETE FROM reminder_holds WHERE id = :id AND user_id = :user_id RETURNING id, user_id
 )
-INSERT INTO reminders (id, user_id, message, remind_at, created_at, job_id, rrule, tz, until,
-                       count)
+INSERT INTO reminders (id, user_id, message, remind_at, created_at, rrule, tz, until, count)
 OVERRIDING SYSTEM VALUE
-SELECT id, user_id, :message::text, :remind_at::timestamptz, :now::timestamptz, :job_id::bigint,
-       :rrule::text, :tz::text, :until::timestamptz, :count::integer
+SELECT id, user_id, :message::text, :remind_at::timestamptz, :now::timestamptz, :rrule::text,
+       :tz::text, :until::timestamptz, :count::integer
 FROM hold
 RETURNING id;
+
+-- name: reminder_create_one_off
+-- Turn hold :id (reminder_hold_take) into user :user_id's one-off reminder with that id and
+-- enqueue its send_reminder job (job_enqueue, given the job's columns), all in this one statement:
+-- one round trip, atomic alone. Returns the reminder's id and its job's id, or no row when the
+-- hold is gone (dropped as its request's, after the grace): then no job is enqueued either.
+WITH hold AS (
+    DELETE FROM reminder_holds WHERE id = :id AND user_id = :user_id RETURNING id, user_id
+)
+INSERT INTO reminders (id, user_id, message, remind_at, created_at, job_id)
+OVERRIDING SYSTEM VALUE
+SELECT id, user_id, :message::text, :remind_at::timestamptz, :now::timestamptz,
+       job_enqueue(:job_type, :arguments::jsonb, :ripe_at, :priority::smallint,
+                   :max_retries, :now, :queue, :concurrency_key, :unique_mode, :unique_key,
+                   :traceparent)
+FROM hold
+RETURNING id, job_id;
 
 -- name: reminder_get
 -- User :user_id's reminder :reminder_id. Its status derives from its job's state and its
@@ -69,14 +85,22 @@ WHERE r.id = :reminder_id AND r.sent_at IS NULL AND (r.rrule IS NOT NULL) = :rec
 
 -- name: reminder_occurrence_sent
 -- Count occurrence :occurrence_at of recurring reminder :reminder_id delivered, unless it or a
--- later one was counted already; returns its id, or no row.
+-- later one was counted already, and end its delivery's hold :hold_id at :now (NULL: none; as
+-- webhook_hold_release does); returns its id, or no row (the hold ends either way).
+WITH released AS (
+    UPDATE webhook_hold SET held_until = least(held_until, :now) WHERE id = :hold_id
+)
 UPDATE reminders SET deliveries = deliveries + 1, last_occurrence_at = :occurrence_at
 WHERE id = :reminder_id AND (last_occurrence_at IS NULL OR last_occurrence_at < :occurrence_at)
 RETURNING id;
 
 -- name: reminder_sent
--- Mark reminder :reminder_id sent at :now after :attempts attempts (one delivery), once; returns
--- its id, or no row (sent already, or gone).
+-- Mark reminder :reminder_id sent at :now after :attempts attempts (one delivery), once, and end
+-- its delivery's hold :hold_id at :now (NULL: none; as webhook_hold_release does); returns its
+-- id, or no row (sent already, or gone; the hold ends either way).
+WITH released AS (
+    UPDATE webhook_hold SET held_until = least(held_until, :now) WHERE id = :hold_id
+)
 UPDATE reminders SET sent_at = :now, attempts = :attempts, deliveries = deliveries + 1
 WHERE id = :reminder_id AND sent_at IS NULL
 RETURNING id;

@@ -5,6 +5,12 @@
 SELECT hold_id, retry_at
 FROM webhook_hold_take(:address, :now, :held_until, :max_running, :max_starts, :period);
 
+-- name: webhook_hold_confirm!
+-- Make hold :hold_id, taken with an asynchronous commit (webhook_hold_take), durable: a write
+-- whose commit waits for the WAL flush, which covers every earlier commit. Alone, in autocommit,
+-- before the hold's attempt starts.
+UPDATE webhook_hold SET held_until = held_until WHERE id = :hold_id;
+
 -- name: webhook_hold_release!
 -- End hold :hold_id at :now (its start still counts within the rate window).
 UPDATE webhook_hold SET held_until = least(held_until, :now) WHERE id = :hold_id;

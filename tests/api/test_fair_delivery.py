@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from quart.typing import TestClientProtocol as Client
 
-from jobq import clock, db, jobs
+from jobq import clock, db, jobs, statements
 from jobq.config import Settings
 from jobq.db import Connection, Database
 from jobq.domain import shares, webhooks
@@ -198,6 +198,26 @@ async def test_an_address_share_is_exact_under_concurrent_takes(
     assert isinstance(wait, timedelta)
     assert timedelta(seconds=0.1) <= wait <= timedelta(seconds=0.15)  # the window opens at 10 s
     assert isinstance(await shares.take("198.51.100.1", now + timedelta(seconds=10), rated), int)
+
+
+async def test_the_take_refuses_to_run_inside_a_transaction(
+    database: Database, settings: Settings
+) -> None:
+    """The take commits asynchronously (`synchronous_commit` off for its transaction): inside
+    another transaction it would turn that one's commit asynchronous too, so it refuses."""
+    now = clock.now()
+    async with db.transaction() as tx:
+        await tx.execute("INSERT INTO users (name, email, created_at) VALUES ('B', 'b@x', now())")
+        with pytest.raises(Exception, match="autocommit"):
+            await statements.webhook_hold_take.fetchrow(
+                tx,
+                address="203.0.113.7",
+                now=now,
+                held_until=now + settings.webhook_total_timeout,
+                max_running=4,
+                max_starts=20,
+                period=timedelta(seconds=1),
+            )
 
 
 def test_an_ipv6_host_shares_by_its_slash_64() -> None:

@@ -63,3 +63,21 @@ async def test_a_revocation_through_the_api_is_seen_at_once(client: Client) -> N
     )
     assert revoked.status_code == 204
     assert (await client.get(f"/users/{ann['id']}", headers=old)).status_code == 401
+
+
+async def test_a_lookup_checks_again_the_keys_past_half_their_ttl(
+    client: Client, database: Database, conn: Connection
+) -> None:
+    ann, bob, cid = [await create_user(client, email=f"{n}@example.com") for n in "abc"]
+    cache = KeyCache(ttl_s=0.4)
+    assert await keys.authenticate(ann["api_key"], cache) is not None
+    assert await keys.authenticate(bob["api_key"], cache) is not None
+    await asyncio.sleep(0.25)  # past half the TTL, within it
+    await revoke_elsewhere(conn, ann["api_key_id"])
+    # a key not cached is looked up with the aging ones: Ann's revocation is seen before her
+    # entry's TTL is up, and Bob's entry starts a new TTL
+    assert await keys.authenticate(cid["api_key"], cache) is not None
+    assert cache.get(ann["api_key_id"]) is None
+    await asyncio.sleep(0.2)  # Bob's first lookup is past the TTL now, his second is not
+    assert cache.get(bob["api_key_id"]) is not None
+    assert await keys.authenticate(ann["api_key"], cache) is None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Coroutine
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import asyncpg
@@ -14,8 +15,15 @@ import pytest
 
 from jobq import clock, db, statements
 from jobq.db import Connection, Database
-from jobq.domain.reminders import HOLD_GRACE, NewReminder, Reminder, schedule_reminder
+from jobq.domain.reminders import (
+    HOLD_GRACE,
+    SEND_REMINDER,
+    NewReminder,
+    Reminder,
+    schedule_reminder,
+)
 from jobq.errors import LimitReached
+from jobq.queue import Job, enqueue_columns
 
 T = TypeVar("T")
 
@@ -147,20 +155,17 @@ async def test_a_dead_requests_hold_is_dropped_after_the_grace_unless_held(
     dead = await take(old)  # a request killed after its take
     live = await take(old)  # a slow request, whose transaction has its hold
     async with db.transaction() as tx:
-        made = await statements.reminder_create.fetchval(
+        due = clock.now() + timedelta(hours=1)
+        made = await statements.reminder_create_one_off.fetchrow(
             tx,
             id=live,
             user_id=user_id,
             message="slow",
-            remind_at=clock.now(),
+            remind_at=due,
             now=clock.now(),
-            job_id=None,
-            rrule=None,
-            tz=None,
-            until=None,
-            count=None,
+            **enqueue_columns(Job(job_type=SEND_REMINDER, arguments={"id": live}, ripe_at=due)),
         )
-        assert made == live
+        assert made["id"] == live
         # at the cap: the dead hold is dropped, the held one stays counted
         other = await apart(database, schedule_reminder(user_id, new("next"), max_unsent=2))
         with pytest.raises(LimitReached):

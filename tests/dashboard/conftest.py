@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import math
 import re
+import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from playwright.async_api import Browser, async_playwright
 from pydantic import BaseModel
 
 from jobq import db
@@ -29,6 +32,35 @@ from tests.toolkit.served import served
 __all__ = ["ADMIN", "ADMIN_TOKEN"]
 
 MakeWorker = Callable[..., Awaitable[Worker]]
+
+# -- the browser tests' Chromium -------------------------------------------------------------------
+
+CHROMIUM = shutil.which("chromium") or (
+    "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
+)
+"""Debian's Chromium, or None where it is not installed (the browser tests are skipped)."""
+
+
+@pytest.fixture(scope="session")
+async def browser() -> AsyncIterator[Browser]:
+    """Headless Chromium (Debian's, never a downloaded build), with a fresh profile: one for
+    every browser test of the session (`xdist_group("browser")` puts them on one xdist
+    worker), each test in a context of its own (its cookies, its storage)."""
+    assert CHROMIUM is not None
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
+        yield launched
+        await launched.close()
 
 
 @pytest.fixture

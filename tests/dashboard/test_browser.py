@@ -11,23 +11,19 @@ Skipped, saying why, where no Chromium is installed (`.ci/run` installs it)."""
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
+from playwright.async_api import Browser, ConsoleMessage, Page, expect
 
 from jobq.config import PROJECT_ROOT
 from jobq.db import Connection
 from jobq.queue import schedule
 from jobq.queue.recurrence import ScheduleSpec
-from tests.dashboard.conftest import ADMIN_TOKEN, MakeWorker, fill, fill_history
+from tests.dashboard.conftest import ADMIN_TOKEN, CHROMIUM, MakeWorker, fill, fill_history
 
-CHROMIUM = shutil.which("chromium") or (
-    "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
-)
 pytestmark = [
     pytest.mark.skipif(
         CHROMIUM is None,
@@ -40,26 +36,6 @@ README_SCREENSHOTS = PROJECT_ROOT / "docs" / "screenshots"
 WAIT_MS = 30_000
 """How long an expectation waits for the page (Playwright polls; never a speed assertion)."""
 expect.set_options(timeout=WAIT_MS)
-
-
-@pytest.fixture(scope="module")
-async def browser(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Browser]:
-    """Headless Chromium (Debian's, never a downloaded build), with a fresh profile."""
-    assert CHROMIUM is not None
-    async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-            ],
-        )
-        yield launched
-        await launched.close()
 
 
 class Console:

@@ -12,9 +12,9 @@ from playwright.async_api import Page, Request, expect
 
 from jobq.db import Connection
 from tests.dashboard.conftest import MakeWorker, fill, fill_history
-from tests.dashboard.test_browser import Console, browser, page, pytestmark
+from tests.dashboard.test_browser import Console, page, pytestmark
 
-__all__ = ["browser", "page", "pytestmark"]  # the fixtures and marks of test_browser
+__all__ = ["page", "pytestmark"]  # the fixture and marks of test_browser
 
 
 async def test_the_charts_are_drawn_with_data_and_nothing_leaves_the_machine(

@@ -11,9 +11,9 @@ from urllib.parse import urlsplit
 
 from playwright.async_api import Browser, Request, Route, expect
 
-from tests.dashboard.test_browser import WAIT_MS, Console, browser, pytestmark
+from tests.dashboard.test_browser import WAIT_MS, Console, pytestmark
 
-__all__ = ["browser", "pytestmark"]
+__all__ = ["pytestmark"]
 
 
 async def test_the_docs_render_with_no_request_leaving_the_machine(

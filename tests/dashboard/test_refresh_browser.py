@@ -12,9 +12,9 @@ import pytest
 from playwright.async_api import Page, Request, Route
 
 from jobq.dashboard import views
-from tests.dashboard.test_browser import Console, browser, page, pytestmark
+from tests.dashboard.test_browser import Console, page, pytestmark
 
-__all__ = ["browser", "page", "pytestmark"]
+__all__ = ["page", "pytestmark"]
 
 REFRESH_S = 0.2
 SLOW_S = 0.6

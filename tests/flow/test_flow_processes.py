@@ -129,7 +129,7 @@ async def test_a_batch_callback_runs_once_after_its_jobs_that_end_together_on_tw
     workers = await start_workers(procs, conn, 2, JOBQ_MAX_CONCURRENT_JOBS="1")
     batches = [
         await enqueue_batch(
-            [recorded(b * 10 + i, 0.3) for i in range(2)], callback=recorded(b * 10 + 9)
+            [recorded(b * 10 + i, 0.15) for i in range(2)], callback=recorded(b * 10 + 9)
         )
         for b in range(20)
     ]

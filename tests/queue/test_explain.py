@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 
 import pytest
 
-from jobq import clock
+from jobq import clock, db
 from jobq.db import Connection
 from jobq.queue import sql
 from jobq.queue.sql import Query
+from tests.toolkit.database import fresh_database
 
 NUM_JOBS = 5000
 
@@ -180,6 +182,48 @@ async def test_a_search_by_state_reads_no_table_that_cannot_hold_it(
     assert "on job_dead" in text
 
 
+SCHEDULED_LATER = 300_000
+"""The jobs scheduled for next year behind the 3 ripe ones (issue 12's large queue)."""
+
+
+@pytest.fixture(scope="module")
+async def scheduled_later_dsn(admin_dsn: str) -> AsyncIterator[str]:
+    """The DSN of a database of its own (the reset before each test empties the session's)
+    with 3 jobs ripe, one per priority, and `SCHEDULED_LATER` scheduled for next year,
+    vacuumed and analysed: seeded once for the variants of the test below, whose claims and
+    limits roll back."""
+    now = clock.now()
+    async with fresh_database(admin_dsn, "jobq_later") as dsn:
+        conn = await db.connect(dsn)
+        try:
+            await conn.execute(
+                """
+                INSERT INTO job (job_type, arguments, ripe_at, priority, max_retries, created_at)
+                SELECT 'bulk', jsonb_build_object('i', i),
+                       CASE WHEN i <= 3 THEN $1::timestamptz - interval '1 minute'
+                            ELSE $1::timestamptz + interval '365 days' + i * interval '1 second'
+                       END,
+                       (i % 3)::smallint, 5, $1
+                FROM generate_series(1, $2::int) AS i
+                """,
+                now,
+                3 + SCHEDULED_LATER,
+            )
+            await conn.execute("VACUUM ANALYZE job")
+        finally:
+            await conn.close()
+        yield dsn
+
+
+@pytest.fixture
+async def scheduled_later(scheduled_later_dsn: str) -> AsyncIterator[Connection]:
+    """A connection of its own to the database of `scheduled_later_dsn`."""
+    conn = await db.connect(scheduled_later_dsn)
+    yield conn
+    await conn.close()
+
+
+@pytest.mark.xdist_group("explain_scheduled_later")  # one worker seeds the database, once
 @pytest.mark.parametrize(
     ("plan_cache_mode", "limited", "statement"),
     [
@@ -191,32 +235,15 @@ async def test_a_search_by_state_reads_no_table_that_cannot_hold_it(
     ],
 )
 async def test_the_claim_never_walks_the_jobs_scheduled_later(
-    conn: Connection, plan_cache_mode: str, limited: bool, statement: str
+    scheduled_later: Connection, plan_cache_mode: str, limited: bool, statement: str
 ) -> None:
     """Fewer jobs ripe than free slots, behind 300,000 scheduled for next year (issue 12's
     large queue): the claim reads the index around the ripe jobs of each priority, not the
     scheduled ones (a plain range scan of the line reads every leaf page of the index). The
     same for a queue with limits that do not bind, whose turn (`job_claim_turns`) walks its
     line the same way (`job_line`)."""
-    if limited:  # every kind of limit, none binding
-        await conn.execute(
-            "UPDATE job_queue SET max_running = 1000, max_running_per_key = 100,"
-            " rate_max_starts = 1000000, rate_period = '1 s', key_rate_max_starts = 1000000,"
-            " key_rate_period = '1 s' WHERE name = 'default'"
-        )
+    conn = scheduled_later
     now = clock.now()
-    await conn.execute(
-        """
-        INSERT INTO job (job_type, arguments, ripe_at, priority, max_retries, created_at)
-        SELECT 'bulk', jsonb_build_object('i', i),
-               CASE WHEN i <= 3 THEN $1::timestamptz - interval '1 minute'
-                    ELSE $1::timestamptz + interval '365 days' + i * interval '1 second' END,
-               (i % 3)::smallint, 5, $1
-        FROM generate_series(1, 300003) AS i
-        """,
-        now,
-    )
-    await conn.execute("VACUUM ANALYZE job")
     index_pages = await conn.fetchval("SELECT pg_relation_size('job_claim_idx') / 8192")
     await conn.execute(f"SET plan_cache_mode = {plan_cache_mode}")
     later = now + timedelta(seconds=30)
@@ -238,6 +265,13 @@ async def test_the_claim_never_walks_the_jobs_scheduled_later(
         tx = conn.transaction()  # the first claim plans job_claim_turns's statements: not counted
         await tx.start()
         try:
+            if limited:  # every kind of limit, none binding (rolled back with the claim)
+                await conn.execute(
+                    "UPDATE job_queue SET max_running = 1000, max_running_per_key = 100,"
+                    " rate_max_starts = 1000000, rate_period = '1 s',"
+                    " key_rate_max_starts = 1000000, key_rate_period = '1 s'"
+                    " WHERE name = 'default'"
+                )
             rows = await conn.fetch(f"{explain}EXECUTE claim ({values})")
             claimed = await conn.fetchval("SELECT count(*) FROM job_running")
         finally:
