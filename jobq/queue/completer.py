@@ -98,13 +98,17 @@ class Completer:
     def settled(self, batch: Batch, recorded: set[int] | None) -> None:
         """Count and log what became of a batch from `take_batch`: `recorded` holds the tokens
         recorded (None: none could be); release the slots of its jobs (`on_settled`)."""
-        if recorded and any(o.verdict.requeues and o.token in recorded for _, o in batch):
+        if recorded and any(
+            o.verdict is not Verdict.COMPLETE and o.verdict.requeues and o.token in recorded
+            for _, o in batch
+        ):
             wake_workers(self.database)  # jobs went back to `job`: any worker may take them
+        counts, on_settled = self.counts, self.on_settled
         for job, outcome in batch:
             if recorded is None:
-                self.counts["lost_acks"] += 1
+                counts["lost_acks"] += 1
             elif outcome.token in recorded:
-                self.counts[outcome.verdict.counted] += 1
+                counts[outcome.verdict.counted] += 1
                 metrics.count_recorded(job, outcome)
                 if outcome.verdict is Verdict.BURY:
                     fields = {"job_id": job.id, "queue": job.queue, "job_type": job.job_type}
@@ -112,13 +116,13 @@ class Completer:
                         "job %s (%s) is dead: %s", job.id, job.job_type, outcome.error, extra=fields
                     )
             else:
-                self.counts["rejected"] += 1
+                counts["rejected"] += 1
                 log.warning(
                     "job %s was rescued from this worker; its outcome (%s) is not recorded",
                     job.id,
                     outcome.verdict,
                 )
-            self.on_settled(outcome.token)
+            on_settled(outcome.token)
 
     def undefer(self) -> None:
         """From now on record outcomes without waiting for a claim to take them."""

@@ -47,6 +47,10 @@ _NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 """An escaped NUL character in JSON text, which PostgreSQL's jsonb refuses."""
 
 
+_NO_SPAN = contextlib.nullcontext()
+"""The span of an attempt that is not traced (a nullcontext can be entered again and again)."""
+
+
 class ResultError(Exception):
     """A handler's result cannot be stored: not JSON, or too large. Its job fails for good."""
 
@@ -102,8 +106,8 @@ class _TimedOut(Exception):
 
 class Executor:
     """Runs the claimed jobs of one worker; each attempt's outcome goes to `report(job,
-    outcome)` (`Completer.report`). A hard stop cancels what can be cancelled with
-    `cancel_handlers`."""
+    outcome)` (`Completer.report`), its run time in seconds to `ran(job_type, seconds)`. A hard
+    stop cancels what can be cancelled with `cancel_handlers`."""
 
     def __init__(
         self,
@@ -111,18 +115,21 @@ class Executor:
         handlers: Registry,
         state: dict[str, Any],
         report: Callable[[ClaimedJob, Outcome], None],
+        ran: Callable[[str, float], None] = lambda job_type, seconds: None,
     ) -> None:
         self.settings = settings
         self.handlers = handlers
         self.state = state
         self._report = report
+        self._ran = ran
         self._in_handler: set[asyncio.Task[Any]] = set()
         """The tasks a hard stop may cancel: an async handler running, or a sync one still
         waiting for a thread."""
         self._attempts: dict[int, tuple[asyncio.Task[Any], JobContext]] = {}
         """The attempts running, by job id (for `cancel`)."""
         self._cancel_asked: set[int] = set()
-        """Jobs cancelled before their attempt began: it ends before the handler is called."""
+        """Jobs cancelled while this worker holds them: an attempt not begun yet ends before
+        the handler is called; either way the outcome says it was cancelled."""
         self.worker_id = 0
         self._backoff = Backoff(
             settings.backoff_base, settings.backoff_max, settings.backoff_jitter
@@ -157,10 +164,10 @@ class Executor:
         `JobContext.cancelled`, and cancel its handler when it is async or still waiting for a
         thread (a thread cannot be stopped: its handler should check the flag). Its outcome,
         whatever it is, then ends the job `cancelled` (the database knows it is)."""
+        self._cancel_asked.add(job_id)
         found = self._attempts.get(job_id)
         if found is None:
-            self._cancel_asked.add(job_id)  # its attempt has not begun
-            return
+            return  # its attempt has not begun
         task, context = found
         context.cancelled.set()
         spec = self.handlers.get(context.job_type)
@@ -188,7 +195,7 @@ class Executor:
                 traceparent=traceparent,
             )
             if traced
-            else contextlib.nullcontext()
+            else _NO_SPAN
         )
         with span_of_attempt as span:
             try:
@@ -197,15 +204,14 @@ class Executor:
                 self._report(job, Outcome(job.token, Verdict.RELEASE))
                 raise
             finally:
-                attempt = self._attempts.pop(job.id, None)
-                cancelled = job.id in self._cancel_asked or (
-                    attempt is not None and attempt[1].cancelled.is_set()
-                )
+                self._attempts.pop(job.id, None)
+                cancelled = job.id in self._cancel_asked
                 self._cancel_asked.discard(job.id)
             if verdict is not Verdict.COMPLETE and verdict is not Verdict.SNOOZE:
                 tracing.failed(span, error)
+        run_time = time.monotonic() - started
+        self._ran(job.job_type, run_time)
         if verdict is not Verdict.RELEASE:
-            run_time = time.monotonic() - started
             metrics.tally.observe(job.queue, job.job_type, "run_time", run_time)
         if verdict is Verdict.COMPLETE:
             assert detail is None or isinstance(detail, str)
@@ -262,7 +268,7 @@ class Executor:
         limit = (spec.timeout or self.settings.job_timeout).total_seconds()
         try:
             if spec.is_async:
-                returned = await self._run_on_loop(spec.fn, args, context, limit)
+                returned = await self._run_on_loop(spec.fn, args, context, limit, task)
             else:
                 returned = await self._run_in_thread(spec.fn, args, context, limit)
         except DontRetry as exc:
@@ -289,12 +295,15 @@ class Executor:
             return Verdict.BURY, str(exc), None
 
     async def _run_on_loop(
-        self, fn: Callable[..., Any], args: Any, context: JobContext, limit: float
+        self,
+        fn: Callable[..., Any],
+        args: Any,
+        context: JobContext,
+        limit: float,
+        task: asyncio.Task[Any],
     ) -> Any:
         """Await an async handler under its timeout and return what it returns; a hard stop
-        may cancel it."""
-        task = asyncio.current_task()
-        assert task is not None
+        may cancel it (`task`: the attempt's, the current one)."""
         self._in_handler.add(task)
         try:
             async with asyncio.timeout(limit) as deadline:

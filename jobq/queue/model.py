@@ -8,7 +8,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any, Literal, Self, TypeVar
+from typing import Any, Literal, NamedTuple, Self, TypeVar
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
@@ -17,6 +17,9 @@ from jobq import clock
 T = TypeVar("T")
 
 DEFAULT_MAX_RETRIES = 5
+
+_CANCELLED_LOCK = threading.Lock()
+"""Makes the `JobContext.cancelled` event of an attempt exactly once."""
 
 JobType = str
 """A job type: lower-case letters, digits and `_.:-`, starting with a letter (max 100)."""
@@ -101,10 +104,10 @@ class Enqueued:
     duplicate: bool
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimedJob:
+class ClaimedJob(NamedTuple):
     """A row of `job_running` as the claim returned it. `attempts` counts failed attempts so
-    far; `token` is the fencing token that completion, failure and release must name."""
+    far; `token` is the fencing token that completion, failure and release must name. (A
+    NamedTuple: one is made per job claimed, and a tuple is the cheapest immutable record.)"""
 
     id: int
     job_type: str
@@ -154,14 +157,14 @@ _COUNTED = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
+class Outcome(NamedTuple):
     """What to record of one attempt of a claimed job, fenced by its `token`: its `verdict`,
     for a retry or a snooze the `ripe_at` to go back at (a release keeps the job's place: its
     own `ripe_at`, or now if that is later), for a retry or burial the `error` (and the
     `traceback`, when an exception was raised), for a completion the handler's `result` as
     JSON text (None: it returned None). `cancelled`: the worker knew the job was cancelled
-    while it ran (it ends `cancelled` whatever the verdict; the metrics count its cancel only)."""
+    while it ran (it ends `cancelled` whatever the verdict; the metrics count its cancel only).
+    (A NamedTuple, as `ClaimedJob`: one is made per attempt.)"""
 
     token: int
     verdict: Verdict
@@ -172,7 +175,7 @@ class Outcome:
     cancelled: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class JobContext:
     """What a handler is told about the attempt it runs.
 
@@ -191,7 +194,19 @@ class JobContext:
     queue: str
     state: dict[str, Any]
     loop: asyncio.AbstractEventLoop
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    _cancelled: threading.Event | None = field(default=None, init=False, repr=False)
+
+    @property
+    def cancelled(self) -> threading.Event:
+        """Set when the job is cancelled while it runs (see above). Made at its first use:
+        most handlers never look (an event costs more to make than the rest of the context)."""
+        event = self._cancelled
+        if event is None:
+            with _CANCELLED_LOCK:  # the loop's thread and the handler's may ask at once
+                if self._cancelled is None:
+                    self._cancelled = threading.Event()
+                event = self._cancelled
+        return event
 
     @property
     def is_last_attempt(self) -> bool:

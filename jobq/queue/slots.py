@@ -3,8 +3,6 @@ and `Slots`, which counts its slots per queue."""
 
 from __future__ import annotations
 
-from collections import Counter
-
 from jobq.config import Settings
 from jobq.queue.model import ClaimedJob
 from jobq.queue.registry import QueueSpec, Registry
@@ -38,12 +36,17 @@ class Slots:
     def __init__(self, capacity: dict[str, int]) -> None:
         self.capacity = capacity
         self._held: dict[int, str] = {}
+        self._taken: dict[str, int] = dict.fromkeys(capacity, 0)
+        """The slots taken, by queue (the queues of `_held`, counted as they change)."""
 
     def take(self, job: ClaimedJob) -> None:
         self._held[job.token] = job.queue
+        self._taken[job.queue] = self._taken.get(job.queue, 0) + 1
 
     def release(self, token: int) -> None:
-        self._held.pop(token, None)
+        queue = self._held.pop(token, None)
+        if queue is not None:
+            self._taken[queue] -= 1
 
     @property
     def tokens(self) -> list[int]:
@@ -52,13 +55,17 @@ class Slots:
 
     def free(self, settling: list[ClaimedJob] | None = None) -> dict[str, int]:
         """Free slots per queue, counting those of `settling` (outcomes being recorded) as free."""
-        held = Counter(self._held.values())
-        held.subtract(job.queue for job in settling or ())
-        return {name: size - held[name] for name, size in self.capacity.items()}
+        taken = self._taken
+        free = {name: size - taken[name] for name, size in self.capacity.items()}
+        for job in settling or ():
+            if job.queue in free:
+                free[job.queue] += 1
+        return free
 
     @property
     def num_free(self) -> int:
-        return sum(max(0, n) for n in self.free().values())
+        taken = self._taken
+        return sum(max(0, size - taken[name]) for name, size in self.capacity.items())
 
 
 def has_limits(spec: QueueSpec) -> bool:

@@ -228,11 +228,13 @@ async def claim(
     now: datetime,
     lease_expires_at: datetime,
     retain: bool = True,
+    limits: bool = True,
 ) -> list[ClaimedJob]:
     """Move ripe jobs (`ripe_at <= now`) from `job` to `job_running` in one statement, up to
     `max_jobs` of each queue (an int: of `default`), and return them, each with a new fencing
     token. Per queue: highest priority, then earliest ripe_at; rows locked by another claim are
-    skipped; paused queues are skipped; queues with limits take no more than these allow."""
+    skipped; paused queues are skipped; queues with limits take no more than these allow
+    (`limits=False`: the lean claim of `record_and_claim`, which skips them)."""
     jobs, *_ = await record_and_claim(
         conn,
         [],
@@ -241,6 +243,7 @@ async def claim(
         now=now,
         lease_expires_at=lease_expires_at,
         retain=retain,
+        limits=limits,
     )
     return jobs
 
@@ -254,6 +257,8 @@ class Claimed(NamedTuple):
     jobs: list[ClaimedJob]
     recorded: set[int]
     next_ripe_at: datetime | None
+    limited: tuple[str, ...] = ()
+    """The queues a claim with `limits=False` skipped: they have limits in the database."""
 
 
 async def record_and_claim(
@@ -265,12 +270,16 @@ async def record_and_claim(
     now: datetime,
     lease_expires_at: datetime,
     retain: bool = True,
+    limits: bool = True,
 ) -> Claimed:
     """Record `outcomes` (as `record` does) and claim up to `max_jobs` (as `claim` does), so
     that the jobs whose outcome is recorded free the slots the claim fills: one statement
     (`job_claim`) when every outcome is a success, else `job_record` then `job_claim` in one
     transaction. Return what it did (`Claimed`): a worker needs no second statement to set its
     timer. `retain`: keep the jobs that end in `job_done` (False: retention is off).
+    `limits`: False when no queue of `max_jobs` has limits as this process declared them: the
+    lean claim (`job_claim_unlimited`), which skips the queues that have limits in the database
+    and names them in `Claimed.limited`.
 
     Raises: `asyncpg.PostgresError` (then nothing happened).
     """
@@ -286,21 +295,23 @@ async def record_and_claim(
         "worker_id": worker_id,
         "lease_expires_at": lease_expires_at,
     }
+    statement = sql.job_claim if limits else sql.job_claim_unlimited
     if len(completed) == len(outcomes):
-        row = await sql.job_claim.fetchrow(conn, **claiming)
+        row = await statement.fetchrow(conn, **claiming)
         recorded: set[int] = set()
     else:
         others = [o for o in outcomes if o.verdict is not Verdict.COMPLETE]
         async with conn.transaction():
             recorded = await record(conn, others, now=now, retain=retain)
-            row = await sql.job_claim.fetchrow(conn, **claiming)
+            row = await statement.fetchrow(conn, **claiming)
     # job_claimed: token, id, job_type, arguments (JSON text), attempts, max_retries, ripe_at,
     # claimed_at, queue, concurrency_key
     jobs = [
         ClaimedJob(j[1], j[2], json.loads(j[3]), j[4], j[5], j[0], j[6], j[7], j[8], j[9])
         for j in row["jobs"]
     ]
-    return Claimed(jobs, recorded | set(row["recorded"]), row["next_ripe_at"])
+    limited = () if limits else tuple(row["limited"])
+    return Claimed(jobs, recorded | set(row["recorded"]), row["next_ripe_at"], limited)
 
 
 async def record(

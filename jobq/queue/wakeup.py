@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any
 
 import asyncpg
 
@@ -48,7 +47,7 @@ would only cost the database more per job. Before a type's run time is known, a 
 fills a queue waits this long for a job to end, and asks for help if none does."""
 
 RUN_TIME_WEIGHT = 0.2
-"""The weight of a job's run time in its type's moving average (`Wakeups.timed`)."""
+"""The weight of a job's run time in its type's moving average (`Wakeups.ran`)."""
 
 
 class Alarm(asyncio.Event):
@@ -293,16 +292,10 @@ class Wakeups:
         """Whether the claim filled a queue with jobs of a type that has not run here yet."""
         return any(self._run_time(name) is None for name in self._filled)
 
-    async def timed(self, attempt: Coroutine[Any, Any, None], job_type: str) -> None:
-        """Run `attempt`, a job of `job_type`, and count its run time in the type's average."""
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        try:
-            await attempt
-        finally:
-            took = loop.time() - started
-            average = self._run_s.get(job_type, took)
-            self._run_s[job_type] = average + RUN_TIME_WEIGHT * (took - average)
+    def ran(self, job_type: str, seconds: float) -> None:
+        """An attempt of a job of `job_type` ran `seconds`: count it in the type's average."""
+        average = self._run_s.get(job_type, seconds)
+        self._run_s[job_type] = average + RUN_TIME_WEIGHT * (seconds - average)
 
     def job_ended(self) -> None:
         """A job's task is done: its slot frees once its outcome is recorded."""

@@ -96,7 +96,13 @@ class Worker:
             self.slots.release,
             limited=lambda job: job.queue in self._limited,
         )
-        self.executor = Executor(settings, handlers, self.state, self.completer.report)
+        self.executor = Executor(
+            settings, handlers, self.state, self.completer.report, ran=self.wakeups.ran
+        )
+        self._job_context = contextvars.Context()
+        """What each job's task starts from (a copy): a clean context, never a request's
+        connection, with this worker's database bound."""
+        self._job_context.run(db.bind, database)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -299,24 +305,26 @@ class Worker:
                         now=now,
                         lease_expires_at=now + self.settings.lease,
                         retain=self.settings.retain,
+                        limits=any(name in self._limited for name in free),
                     )
             except BaseException:
                 self.completer.restore(batch)
                 self.listener.drop()  # its state and its liveness lock are in doubt
                 raise
-            jobs, recorded, next_ripe_at = claimed
-            taken = Counter(job.queue for job in jobs)
+            jobs, recorded, next_ripe_at, limited = claimed
             self.completer.settled(batch, recorded)
-            # outcomes of queues with limits recorded in this claim may free room its turns
-            # did not see: claim again
             if free:
+                # outcomes of queues with limits recorded in this claim may free room its turns
+                # did not see, and a queue found limited in the database (another process
+                # declared its limits) is one this worker's claims count from now on: claim
+                # them again
+                self._limited.update(limited)
                 self._recheck = {job.queue for job, _ in batch if job.queue in self._limited}
-            if free:
-                filled = {
-                    name: [job.job_type for job in jobs if job.queue == name]
-                    for name, n in free.items()
-                    if taken[name] >= n
-                }
+                self._recheck.update(limited)
+                types: dict[str, list[str]] = {}
+                for job in jobs:
+                    types.setdefault(job.queue, []).append(job.job_type)
+                filled = {n: types[n] for n, k in free.items() if len(types.get(n, ())) >= k}
                 self.wakeups.claimed(next_ripe_at, filled)
             traced = bool(jobs) and tracing.active()
             traces = await tracing.recall(self.database, [job.id for job in jobs]) if traced else {}
@@ -369,10 +377,8 @@ class Worker:
 
     def _start(self, job: ClaimedJob, traced: bool = False, traceparent: str | None = None) -> None:
         assert self._loop is not None
-        context = contextvars.Context()  # a clean context: never a request's connection
-        context.run(db.bind, self.database)
         attempt = self.executor.execute(job, traced=traced, traceparent=traceparent)
-        task = self._loop.create_task(self.wakeups.timed(attempt, job.job_type), context=context)
+        task = self._loop.create_task(attempt, context=self._job_context.copy())
         self._tasks[task] = job
         self.slots.take(job)
         task.add_done_callback(self._on_done)

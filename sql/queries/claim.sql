@@ -106,6 +106,92 @@ SELECT ARRAY(SELECT job FROM taken) AS jobs,
        ) AS next_ripe_at
 WHERE (SELECT count(pg_notify('jobq_done', id::text)) FROM completed WHERE awaited) >= 0;
 
+-- name: job_claim_unlimited
+-- The claim of a worker whose queues :queues have no limits (as it declared them): job_claim
+-- without the turns, the rate windows and the queues' ripe probes. Records the succeeded jobs
+-- of :completed as job_claim does, and moves up to :slots[i] ripe jobs of each queue
+-- :queues[i] from job to job_running. A queue paused in job_queue is skipped; so is a queue
+-- with limits there (another process declared them), which `limited` names: its claims are
+-- job_claim's.
+-- Returns one row: `jobs` (job_claimed[]), `recorded` (the tokens of the outcomes recorded),
+-- `next_ripe_at` (the earliest ripe_at after :now of the queues it did not fill; NULL: none)
+-- and `limited` (the queues skipped for their limits).
+WITH completed AS (
+    -- 1. the succeeded jobs leave job_running (fenced by their tokens) ...
+    DELETE FROM job_running WHERE token = ANY(:completed::bigint[])
+    RETURNING token, id, job_type, queue, arguments, attempts, last_error, created_at, awaited,
+              cancelled_at, claimed_at
+), succeeded AS (
+    -- ... for job_done, with their results
+    INSERT INTO job_done (id, job_type, queue, arguments, state, attempts, last_error, result,
+                          created_at, finished_at, started_at)
+    SELECT c.id, c.job_type, c.queue, c.arguments,
+           CASE WHEN c.cancelled_at IS NULL THEN 'succeeded' ELSE 'cancelled' END,
+           c.attempts + 1, c.last_error,
+           CASE WHEN c.cancelled_at IS NULL THEN u.result::jsonb END, c.created_at, :now,
+           c.claimed_at
+    FROM completed AS c
+    JOIN unnest(:completed::bigint[], :results::text[]) AS u(token, result) USING (token)
+    WHERE :retain::boolean
+), given AS (
+    -- 2. the queues with free slots, each with its row of job_queue (if any)
+    SELECT u.name, u.free, jq.paused, jq.limited
+    FROM unnest(:queues::text[], :slots::int[]) AS u(name, free)
+    LEFT JOIN job_queue AS jq USING (name)
+    WHERE u.free > 0
+), q AS (
+    -- the queues to claim from: neither paused nor limited
+    SELECT name, free FROM given WHERE NOT coalesce(paused OR limited, false)
+), claimed AS (
+    -- 3. the first ripe jobs of each queue's line, read as job_claim reads them (a skip scan
+    -- of the priorities, rows another claim holds skipped)
+    DELETE FROM job
+    WHERE id = ANY(ARRAY(
+        SELECT j.id FROM q CROSS JOIN LATERAL (
+            WITH RECURSIVE priorities AS (
+                (SELECT priority, ripe_at FROM job WHERE job.queue = q.name
+                 ORDER BY priority DESC, ripe_at LIMIT 1)
+                UNION ALL
+                SELECT n.priority, n.ripe_at FROM priorities AS p CROSS JOIN LATERAL (
+                    SELECT job.priority, job.ripe_at FROM job
+                    WHERE job.queue = q.name AND job.priority < p.priority
+                    ORDER BY job.priority DESC, job.ripe_at LIMIT 1) AS n
+            )
+            SELECT r.id FROM priorities AS p CROSS JOIN LATERAL (
+                SELECT id FROM job
+                WHERE job.queue = q.name AND job.priority = p.priority
+                  AND ripe_at >= p.ripe_at AND ripe_at <= :now
+                ORDER BY ripe_at
+                LIMIT q.free
+                FOR UPDATE SKIP LOCKED
+            ) AS r
+            LIMIT q.free
+        ) AS j
+    ))
+    RETURNING id, job_type, arguments, ripe_at, priority, attempts, max_retries, last_error,
+              created_at, queue, concurrency_key, awaited, unique_mode, unique_key
+), running AS (
+    -- 4. into job_running, each with a new fencing token
+    INSERT INTO job_running (id, job_type, arguments, ripe_at, priority, attempts, max_retries,
+                             last_error, created_at, queue, concurrency_key, awaited,
+                             unique_mode, unique_key, worker_id, claimed_at, lease_expires_at,
+                             token)
+    SELECT c.*, :worker_id, :now, :lease_expires_at, nextval('job_fencing_token')
+    FROM claimed AS c
+    RETURNING token, id, job_type, arguments::text, attempts, max_retries, ripe_at, claimed_at,
+              queue, concurrency_key
+)
+-- 5. one row; the awaited jobs that ended are announced (`jobq_done`, sent at the commit)
+SELECT ARRAY(SELECT r::job_claimed FROM running AS r) AS jobs,
+       ARRAY(SELECT token FROM completed) AS recorded,
+       (SELECT min(n.ripe_at) FROM q CROSS JOIN LATERAL (
+            SELECT ripe_at FROM job WHERE job.queue = q.name AND ripe_at > :now
+            ORDER BY ripe_at LIMIT 1) AS n
+        WHERE q.free > (SELECT count(*) FROM running WHERE running.queue = q.name)
+       ) AS next_ripe_at,
+       ARRAY(SELECT name FROM given WHERE limited AND NOT paused) AS limited
+WHERE (SELECT count(pg_notify('jobq_done', id::text)) FROM completed WHERE awaited) >= 0;
+
 -- name: job_next_ripe_at
 -- When the next claim of :queues may find work after :now: the earliest ripe_at after it of
 -- their jobs (one probe of job_ripe_at_idx each), or the moment a full rate window

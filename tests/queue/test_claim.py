@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from freezegun import freeze_time
 from pydantic import BaseModel
 
@@ -65,7 +66,8 @@ async def test_next_ripe_at_is_the_earliest_future_job(conn: Connection) -> None
         assert await store.next_ripe_at(conn, now=T0 + timedelta(minutes=9)) is None
 
 
-async def test_claim_order_is_priority_then_ripe_at(conn: Connection) -> None:
+@pytest.mark.parametrize("limits", [True, False])
+async def test_claim_order_is_priority_then_ripe_at(conn: Connection, limits: bool) -> None:
     spec = {  # n: (priority, ripe_at offset in seconds)
         1: (0, -30),
         2: (5, -10),
@@ -83,7 +85,7 @@ async def test_claim_order_is_priority_then_ripe_at(conn: Connection) -> None:
             )
         order = []
         while claimed := await store.claim(
-            conn, worker_id=1, max_jobs=1, now=T0, lease_expires_at=T0 + LEASE
+            conn, worker_id=1, max_jobs=1, now=T0, lease_expires_at=T0 + LEASE, limits=limits
         ):
             order.append(claimed[0].arguments["n"])
     assert order == [3, 2, 5, 1, 4]

@@ -73,7 +73,7 @@ def claim_args(tokens: list[int], now: datetime) -> dict[str, object]:
     }
 
 
-CLAIMS = ["job_claim"]
+CLAIMS = ["job_claim", "job_claim_unlimited"]
 
 
 @pytest.mark.parametrize("plan_cache_mode", ["auto", "force_generic_plan"])
@@ -110,7 +110,7 @@ async def test_acks_find_their_rows_by_the_token_index(
     args = outcomes(tokens[:30], now) if statement == "job_record" else claim_args(tokens[:30], now)
     text = await plan(filled, getattr(sql, statement), **args)
     # completed (and failed and buried) each find their rows by token, never by a scan
-    lookups = 1 if statement == "job_claim" else 3
+    lookups = 1 if statement in CLAIMS else 3
     found = re.findall(r"Index Scan using job_running_token_key on job_running", text)
     assert len(found) >= lookups, text
     assert not re.search(r"Seq Scan on job_running\b", text), text
@@ -225,11 +225,17 @@ async def scheduled_later(scheduled_later_dsn: str) -> AsyncIterator[Connection]
 
 @pytest.mark.xdist_group("explain_scheduled_later")  # one worker seeds the database, once
 @pytest.mark.parametrize(
-    ("plan_cache_mode", "limited"),
-    [("auto", False), ("force_generic_plan", False), ("force_generic_plan", True)],
+    ("plan_cache_mode", "limited", "statement"),
+    [
+        ("auto", False, "job_claim"),
+        ("force_generic_plan", False, "job_claim"),
+        ("force_generic_plan", True, "job_claim"),
+        ("auto", False, "job_claim_unlimited"),
+        ("force_generic_plan", False, "job_claim_unlimited"),
+    ],
 )
 async def test_the_claim_never_walks_the_jobs_scheduled_later(
-    scheduled_later: Connection, plan_cache_mode: str, limited: bool
+    scheduled_later: Connection, plan_cache_mode: str, limited: bool, statement: str
 ) -> None:
     """Fewer jobs ripe than free slots, behind 300,000 scheduled for next year (issue 12's
     large queue): the claim reads the index around the ripe jobs of each priority, not the
@@ -251,9 +257,10 @@ async def test_the_claim_never_walks_the_jobs_scheduled_later(
         "worker_id": ("int", "1"),
         "lease_expires_at": ("timestamptz", f"'{later.isoformat()}'"),
     }
-    types = ", ".join(given[name][0] for name in sql.job_claim.params)
-    values = ", ".join(given[name][1] for name in sql.job_claim.params)
-    await conn.execute(f"PREPARE claim ({types}) AS {sql.job_claim.text}")
+    claim = getattr(sql, statement)
+    types = ", ".join(given[name][0] for name in claim.params)
+    values = ", ".join(given[name][1] for name in claim.params)
+    await conn.execute(f"PREPARE claim ({types}) AS {claim.text}")
     for explain in ("", "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) "):
         tx = conn.transaction()  # the first claim plans job_claim_turns's statements: not counted
         await tx.start()
