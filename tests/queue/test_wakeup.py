@@ -24,6 +24,10 @@ from tests.queue.helpers import MakeWorker
 from tests.toolkit.procs import eventually
 
 SLOW_POLL = 30.0  # seconds: a wake-up that waited for the poll would time the test out
+WOKEN = 5.0
+"""Seconds within which a woken worker starts a job: far under `SLOW_POLL`, so a start this
+soon was woken, not polled, and far over what a slow, busy machine needs (how soon, in
+milliseconds, is `python -m bench pickup_latency`'s figure, not a test's)."""
 
 
 class Args(BaseModel):
@@ -49,7 +53,7 @@ class Starts:
 
         return handlers
 
-    async def wait(self, n: int, within: float = 2) -> float:
+    async def wait(self, n: int, within: float = 2 * WOKEN) -> float:
         """Wait for the n-th start (at most `within` seconds); return its loop time."""
         async with asyncio.timeout(within):
             while len(self.loop_times) < n:
@@ -85,7 +89,7 @@ async def test_enqueue_in_this_process_wakes_the_worker(new_worker: NewWorker) -
         for n in range(3):  # every time, not only the first
             committed = now_loop()
             await enqueue(Job(job_type="tick", arguments={"n": n}))
-            assert await starts.wait(n + 1) - committed < 0.5
+            assert await starts.wait(n + 1) - committed < WOKEN
             await asyncio.sleep(0.05)  # back to sleep
 
 
@@ -98,7 +102,7 @@ async def test_in_process_wakeup_works_without_notify(
         async with transaction():
             await enqueue(Job(job_type="tick"))
         committed = now_loop()
-        assert await starts.wait(1) - committed < 0.5
+        assert await starts.wait(1) - committed < WOKEN
 
 
 async def test_a_commit_that_enqueued_is_followed_by_one_notify(
@@ -137,7 +141,7 @@ async def test_no_wakeup_before_commit(new_worker: NewWorker) -> None:
             await asyncio.sleep(0.2)  # an uncommitted job cannot be claimed
             assert starts.loop_times == []
         committed = now_loop()
-        assert await starts.wait(1) - committed < 0.5
+        assert await starts.wait(1) - committed < WOKEN
 
 
 async def test_insert_from_another_program_wakes_by_its_notify(
@@ -148,7 +152,7 @@ async def test_insert_from_another_program_wakes_by_its_notify(
         async with conn.transaction():
             await insert_job(conn, n=1, notify=True)
         committed = now_loop()
-        assert await starts.wait(1) - committed < 0.5
+        assert await starts.wait(1) - committed < WOKEN
 
 
 async def test_scheduled_job_starts_at_its_ripe_at(new_worker: NewWorker) -> None:
@@ -158,7 +162,7 @@ async def test_scheduled_job_starts_at_its_ripe_at(new_worker: NewWorker) -> Non
         await enqueue(job)
         await starts.wait(1)
     started_at = starts.clock_times[0]
-    assert job.ripe_at <= started_at < job.ripe_at + timedelta(seconds=0.15)
+    assert job.ripe_at <= started_at < job.ripe_at + timedelta(seconds=WOKEN)
 
 
 async def test_retry_starts_at_its_backoff_not_the_poll(
@@ -183,9 +187,9 @@ async def test_retry_starts_at_its_backoff_not_the_poll(
         backoff_jitter=0,
     ) as worker:
         await enqueue(Job(job_type="flaky"))
-        async with asyncio.timeout(2):
+        async with asyncio.timeout(2 * WOKEN):
             await second.wait()
-    assert 0.3 <= attempts_at[1] - attempts_at[0] < 0.5
+    assert 0.3 <= attempts_at[1] - attempts_at[0] < 0.3 + WOKEN
     assert worker.counts["retried"] == 1
     assert worker.counts["completed"] == 1
 
@@ -205,9 +209,9 @@ async def test_job_enqueued_by_a_handler_runs_at_once(new_worker: NewWorker) -> 
 
     async with running(new_worker, handlers, poll_interval=SLOW_POLL):
         await enqueue(Job(job_type="chain", arguments={"n": 1}))
-        async with asyncio.timeout(2):
+        async with asyncio.timeout(2 * WOKEN):
             await chained.wait()
-    assert times[3] - times[1] < 0.5
+    assert times[3] - times[1] < 2 * WOKEN
 
 
 async def test_poll_finds_a_job_whose_notification_was_lost(
@@ -218,7 +222,7 @@ async def test_poll_finds_a_job_whose_notification_was_lost(
         async with conn.transaction():
             await insert_job(conn, n=1)  # plain SQL without NOTIFY: it wakes nobody
         committed = now_loop()
-        assert await starts.wait(1) - committed < 0.3 + 0.3
+        assert await starts.wait(1) - committed < 0.3 + WOKEN
 
 
 async def test_listener_reconnects_and_listens_again(
@@ -239,7 +243,7 @@ async def test_listener_reconnects_and_listens_again(
         async with conn.transaction():
             await insert_job(conn, n=1, notify=True)
         committed = now_loop()
-        assert await starts.wait(1) - committed < 0.5
+        assert await starts.wait(1) - committed < WOKEN
 
 
 async def insert_job(conn: Connection, *, n: int, notify: bool = False) -> None:
