@@ -83,7 +83,7 @@ async def test_stop_with_zero_drain_releases_at_once(
     await started.wait()
     before = time.monotonic()
     await worker.stop(timedelta(0))
-    assert time.monotonic() - before < 0.5
+    assert time.monotonic() - before < 1.5  # under the 2 s drain: it did not wait for it
     assert await row(conn, "job", created.id) is not None
     assert worker.counts["released"] == 1
 
@@ -213,9 +213,9 @@ async def test_run_stops_at_once_when_idle(conn: Connection, new_worker: NewWork
     await asyncio.sleep(0.05)  # let it fall asleep for its 30 s poll
     before = time.monotonic()
     stop.set()
-    async with asyncio.timeout(1):
+    async with asyncio.timeout(10):
         await task
-    assert time.monotonic() - before < 0.5
+    assert time.monotonic() - before < 5  # far under the 30 s poll: it did not sleep it out
     assert await count(conn, "worker") == 0
 
 
