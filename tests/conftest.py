@@ -110,18 +110,9 @@ def admin_dsn() -> str:
 @pytest.fixture(scope="session")
 async def database_url(admin_dsn: str) -> AsyncIterator[str]:
     """A fresh, migrated database for this test session (this xdist worker's), dropped at the
-    end. Its sessions commit without waiting for the WAL flush (`synchronous_commit = off`):
-    a commit is seen by every other session as before, and only a crash of the server, which
-    no test of this database makes (the chaos suite crashes servers of its own), could lose
-    one. It spares each test's commits and reset a disk flush each."""
+    end."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     async with fresh_database(admin_dsn, f"jobq_test_{worker}") as dsn:
-        conn = await asyncpg.connect(dsn)
-        try:
-            name = await conn.fetchval("SELECT quote_ident(current_database())")
-            await conn.execute(f"ALTER DATABASE {name} SET synchronous_commit = off")
-        finally:
-            await conn.close()
         yield dsn
 
 
