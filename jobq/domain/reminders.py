@@ -336,17 +336,14 @@ async def _create_one_off(
     # The job's arguments name a reminder id fresh from its sequence: no queued twin can exist.
     assert row["job_id"] is not None
     enqueued(job)
-    return Reminder(
-        id=reminder_id,
-        user_id=user_id,
-        message=data.message,
-        remind_at=remind_at,
+    return _made(
+        reminder_id,
+        user_id,
+        data,
+        remind_at,
+        now,
         status=ReminderStatus.SCHEDULED,
-        attempts=0,
-        sent_at=None,
-        last_error=None,
         job_id=row["job_id"],
-        created_at=now,
     )
 
 
@@ -392,19 +389,39 @@ async def _create(
     )
     if created is None:
         raise RuntimeError(f"the hold of reminder {reminder_id} was dropped: its request was slow")
+    return _made(
+        reminder_id,
+        user_id,
+        data,
+        remind_at,
+        now,
+        status=ReminderStatus.ACTIVE,
+        job_id=None,
+        recurrence=recurrence,
+        next_occurrences=worked_out.upcoming,
+    )
+
+
+def _made(
+    reminder_id: int,
+    user_id: int,
+    data: NewReminder,
+    remind_at: datetime,
+    now: datetime,
+    **state: Any,
+) -> Reminder:
+    """Reminder `reminder_id` just made at `now`, as `get_reminder` would read it back: not yet
+    attempted; `state` gives its status, job id and recurrence."""
     return Reminder(
         id=reminder_id,
         user_id=user_id,
         message=data.message,
         remind_at=remind_at,
-        status=ReminderStatus.ACTIVE,
         attempts=0,
         sent_at=None,
         last_error=None,
-        job_id=None,
         created_at=now,
-        recurrence=recurrence,
-        next_occurrences=worked_out.upcoming,
+        **state,
     )
 
 

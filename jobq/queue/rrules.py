@@ -43,7 +43,8 @@ rule with no occurrence that close is over budget (one that never occurs too).""
 
 MAX_CANDIDATES = 5_000
 """Candidate times one search may build: a daily rule builds one a day (13 years), a yearly
-one 366 a year, an hourly one two an hour (104 days). About 10 ms of CPU here at most."""
+one 366 a year, an hourly one two an hour (104 days); building them all costs far less than
+`MAX_SECONDS` of CPU, which bounds a slower machine."""
 
 MAX_SECONDS = 0.1
 """CPU time one search may take: a safety net on a slow machine (the candidates bound it
