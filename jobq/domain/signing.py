@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import secrets
+import tempfile
 from datetime import datetime
 from pathlib import Path
 
@@ -54,8 +55,10 @@ def kept_secret(path: Path) -> tuple[str, bool]:
     made = False
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        draft = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        # A draft of its own for each caller (mkstemp: a new name, mode 0600), so that no
+        # caller truncates a draft another is about to link.
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        draft = Path(name)
         with os.fdopen(fd, "w") as out:
             out.write(new_secret() + "\n")
         try:
