@@ -46,7 +46,7 @@ from tests.toolkit.receiver import WebhookReceiver
 USER_COUNTS = (1, 100)
 CONNECTIONS = 32
 WARM_UP_S = 1.0
-DURATION_S = 10.0
+DURATION_S = 30.0
 BARE_DURATION_S = 5.0
 DELIVERY_WAIT_S = 60.0
 WEBHOOK_SECRET = "whsec_YmVuY2gtd2ViaG9vay1zZWNyZXQtb2YtMzItYnl0ZXM="  # noqa: S105 (a benchmark's value)

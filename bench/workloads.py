@@ -60,7 +60,7 @@ WORKLOADS: dict[str, Spec] = {
         http_bench.http_reminders,
         keys=("server", "users"),
         runs=1,
-        about="32 connections create reminders for 1 user, then for 100, for 10 s each against"
+        about="32 connections create reminders for 1 user, then for 100, for 30 s each against"
         " `jobq run` (access log on, rate limit and caps lifted) while its workers deliver"
         " them; before each, the bare endpoint (one INSERT) served the same way for 5 s",
     ),

@@ -21,7 +21,7 @@ from quart_schema import Info, QuartSchema, RequestSchemaValidationError
 from werkzeug.exceptions import HTTPException, NotFound
 from werkzeug.routing import BaseConverter, IntegerConverter
 
-from jobq import dashboard, db, jobs, tracing
+from jobq import db, jobs, tracing
 from jobq.api import (
     admin,
     auth,
@@ -38,6 +38,7 @@ from jobq.api import jobs as jobs_api
 from jobq.api import workflows as workflows_api
 from jobq.api.throttle import Throttles
 from jobq.config import Settings
+from jobq.dashboard.blueprint import bp as dashboard_bp
 from jobq.db import Database
 from jobq.domain.types import BIGINT_MAX
 from jobq.errors import OBJECT_DETAIL_STATUSES, DatabaseUnavailable, JobqError, TooManyRequests
@@ -207,7 +208,7 @@ def create_app(settings: Settings | None = None) -> Quart:
         metrics.bp,
         workflows_api.bp,
         docs.bp,
-        dashboard.bp,
+        dashboard_bp,
     ):
         app.register_blueprint(blueprint)
     _register_errors(app)
@@ -269,7 +270,7 @@ def create_app(settings: Settings | None = None) -> Quart:
         # Read rather than trust Content-Length: a chunked HTTP/1.1 or an HTTP/2 request has a
         # body without one.
         body = await request.get_data()
-        form = request.blueprint == dashboard.bp.name  # its pages post HTML forms
+        form = request.blueprint == dashboard_bp.name  # its pages post HTML forms
         if request.method in JSON_TYPES and body and not request.is_json and not form:
             return error_body("unsupported_media_type", "send the body as application/json", 415)
         return None

@@ -34,10 +34,11 @@ from jobq.queue import Registry, Worker, metrics
 from tests import pgbouncer
 from tests.keyed_client import use_keyed_client
 from tests.toolkit.database import (
+    close_reset_connections,
+    empty_tables,
     fresh_database,
     reset_incidents,
     reset_tables,
-    truncate_filled,
 )
 from tests.toolkit.procs import WEBHOOK_SECRET, Procs
 from tests.toolkit.receiver import WebhookReceiver
@@ -78,15 +79,8 @@ TABLES = [
 
 
 RESET = [
-    # TRUNCATE ... RESTART IDENTITY CASCADE, cheaper
-    truncate_filled([table for table in TABLES if table != "job_queue"]),
-    # The queues a test declared or paused are not the next one's: `job_queue` holds the
-    # migrated 'default' row again. It is never empty, so a TRUNCATE would make new files for
-    # it and its indexes, and wait for their fsync, before every test; a DELETE of its row or
-    # few, under the lock a TRUNCATE takes, leaves the same rows and ids.
-    "LOCK TABLE job_queue IN ACCESS EXCLUSIVE MODE; DELETE FROM job_queue;"
-    " SELECT setval(pg_get_serial_sequence('job_queue', 'id'), 1, false);"
-    " INSERT INTO job_queue (name) VALUES ('default')",  # as migrated
+    empty_tables(TABLES),
+    "INSERT INTO job_queue (name) VALUES ('default')",  # as migrated
 ]
 """The statements of the reset before each test (`tests.toolkit.database.reset_tables`)."""
 
@@ -114,6 +108,7 @@ async def database_url(admin_dsn: str) -> AsyncIterator[str]:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     async with fresh_database(admin_dsn, f"jobq_test_{worker}") as dsn:
         yield dsn
+        await close_reset_connections()
 
 
 DIRECT_OF: dict[str, str] = {}

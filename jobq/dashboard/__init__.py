@@ -6,11 +6,9 @@ or `Authorization: Bearer`) and the CSRF protection of its actions. `jobq.dashbo
 frame and the overview (with its charts' data, `jobq.queue.history`); `jobq.dashboard.lists`:
 the job search and the dead letter with their actions, over the engine's verbs
 (`jobq.queue.store`, `control`, `dead`, `schedule`); `jobq.dashboard.workflows` and `graph`:
-the workflows' pages and graphs. `jobq.dashboard.format`: the numbers and times as people read
+the workflows' pages and graphs; `jobq.dashboard.blueprint`: the blueprint with all their
+routes, which the app registers. `jobq.dashboard.format`: the numbers and times as people read
 them.
+
+The package itself imports nothing, so that the CLI can format with `format` without Quart.
 """
-
-from jobq.dashboard import lists, workflows  # their pages are routes of `bp`
-from jobq.dashboard.views import bp
-
-__all__ = ["bp", "lists", "workflows"]

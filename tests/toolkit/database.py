@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 
 from jobq import db, embedded
+from jobq.db import Connection
 from jobq.migrate import migrate
 
 
@@ -43,27 +44,46 @@ async def fresh_database(
             await admin.close()
 
 
-def truncate_filled(tables: list[str]) -> str:
-    """A statement that empties `tables` as `TRUNCATE <tables> RESTART IDENTITY CASCADE` does,
-    but truncates only those whose files are not empty (`pg_relation_size` of the table or of
-    its partitions: a table that held no row since its last truncate, not even a deleted or
-    rolled-back one, is as fresh as a truncated one) and resets the sequences of the others to
-    their start when they were used (an insert that a constraint refused). TRUNCATE makes new
-    files for a table and each of its indexes, and waits for their fsync: a few tables instead
-    of all of them make the reset before each test about 30 times cheaper."""
+TRUNCATE_ABOVE_BYTES = 1 << 20
+"""A table whose files (with its partitions and indexes) are larger is truncated by the reset;
+the others are emptied by DELETE."""
+
+
+def empty_tables(tables: list[str]) -> str:
+    """A statement that empties `tables` and restarts their sequences, as `TRUNCATE <tables>
+    RESTART IDENTITY CASCADE` does, at the cost of the few rows a test leaves.
+
+    Only a table larger than `TRUNCATE_ABOVE_BYTES` is truncated; the others are emptied by
+    DELETE. A TRUNCATE makes new files for the table and each of its indexes, and invalidates
+    every session's cached plans of the table (the next statement of each pool connection plans
+    again); a DELETE of a few rows does neither. The rows it leaves dead are autovacuum's, and a
+    table that they grow past the bound is truncated at a later reset. Every foreign key of the
+    schema cascades, so the DELETEs' order does not matter; they run under the lock a TRUNCATE
+    takes. The sequences that were used (by
+    an insert, or by one a constraint refused) are set back to their start."""
     names = ", ".join(f"'{table}'" for table in tables)
     return f"""
 DO $reset$
 DECLARE
     tables regclass[] := ARRAY[{names}]::regclass[];
-    filled text;
+    t      regclass;
 BEGIN
-    SELECT string_agg(t::text, ', ') INTO filled FROM unnest(tables) AS t
-    WHERE pg_relation_size(t) > 0
-       OR EXISTS (SELECT FROM pg_partition_tree(t) AS p WHERE pg_relation_size(p.relid) > 0);
-    IF filled IS NOT NULL THEN
-        EXECUTE 'TRUNCATE ' || filled || ' RESTART IDENTITY CASCADE';
-    END IF;
+    -- as a TRUNCATE would: wait for every transaction that still uses them (`reset_tables`
+    -- ends one that waits too long)
+    EXECUTE 'LOCK TABLE ' || array_to_string(tables, ', ') || ' IN ACCESS EXCLUSIVE MODE';
+    FOR t IN SELECT u.t FROM unnest(tables) AS u(t)  -- those that held a row since emptied
+             WHERE pg_relation_size(u.t) > 0 OR EXISTS (
+                 SELECT FROM pg_partition_tree(u.t) AS p WHERE pg_relation_size(p.relid) > 0)
+    LOOP
+        IF pg_total_relation_size(t) + coalesce(  -- a partitioned table's: its partitions'
+               (SELECT sum(pg_total_relation_size(p.relid)) FROM pg_partition_tree(t) AS p), 0)
+           > {TRUNCATE_ABOVE_BYTES}
+        THEN
+            EXECUTE 'TRUNCATE ' || t || ' CASCADE';
+        ELSE
+            EXECUTE 'DELETE FROM ' || t;
+        END IF;
+    END LOOP;
     PERFORM setval(s.seqrelid, s.seqstart, false)
     FROM pg_sequence AS s
     JOIN pg_depend AS d ON d.classid = 'pg_class'::regclass AND d.objid = s.seqrelid
@@ -90,32 +110,54 @@ reset_incidents: list[str] = []
 (`tests/conftest.py`), so that a test that leaks a transaction is seen, not hidden."""
 
 
+_reset_connections: dict[str, Connection] = {}
+"""The connection of each DSN's resets, kept open across tests (`close_reset_connections`)."""
+
+
 async def reset_tables(
     dsn: str, statements: list[str], *, test: str, lock_timeout: str = RESET_LOCK_TIMEOUT
 ) -> None:
-    """Run `statements` (TRUNCATE and the rows a fresh database has) in one transaction on a
-    connection of its own to `dsn`, waiting at most `lock_timeout` for the locks. When
+    """Run `statements` (the emptying of the tables and the rows a fresh database has) in one
+    transaction on a connection of the resets' own to `dsn` (kept open for the next reset;
+    opened again when a test ended it), waiting at most `lock_timeout` for the locks. When
     that runs out, a session left over from an earlier test holds them (an open transaction):
     it is described in `reset_incidents`, ended, and the reset tried once more.
     Raises: `asyncpg.PostgresError` when the second try fails too."""
-    conn = await db.connect(dsn)
+    conn = _reset_connections.get(dsn)
+    if conn is None or conn.is_closed() or not await _alive(conn):
+        conn = _reset_connections[dsn] = await db.connect(dsn)
+    for last_try in (False, True):
+        try:
+            async with conn.transaction():
+                await conn.execute(f"SET LOCAL lock_timeout = '{lock_timeout}'")
+                for statement in statements:
+                    await conn.execute(statement)
+            return
+        except asyncpg.LockNotAvailableError:
+            if last_try:
+                raise
+        blockers = await conn.fetch(_BLOCKERS)
+        reset_incidents.append(
+            f"before {test}: ended {len(blockers)} sessions holding the tables' locks: "
+            + "; ".join(repr(dict(b)) for b in blockers)
+        )
+        for blocker in blockers:
+            await conn.execute("SELECT pg_terminate_backend($1, 5000)", blocker["pid"])
+
+
+async def _alive(conn: Connection) -> bool:
+    """Whether `conn`'s server session still lives (a test may have ended every session)."""
     try:
-        for last_try in (False, True):
-            try:
-                async with conn.transaction():
-                    await conn.execute(f"SET LOCAL lock_timeout = '{lock_timeout}'")
-                    for statement in statements:
-                        await conn.execute(statement)
-                return
-            except asyncpg.LockNotAvailableError:
-                if last_try:
-                    raise
-            blockers = await conn.fetch(_BLOCKERS)
-            reset_incidents.append(
-                f"before {test}: ended {len(blockers)} sessions holding the tables' locks: "
-                + "; ".join(repr(dict(b)) for b in blockers)
-            )
-            for blocker in blockers:
-                await conn.execute("SELECT pg_terminate_backend($1, 5000)", blocker["pid"])
-    finally:
-        await conn.close()
+        await conn.execute("SELECT 1")
+    except (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError):
+        conn.terminate()
+        return False
+    return True
+
+
+async def close_reset_connections() -> None:
+    """Close the connections `reset_tables` kept open."""
+    while _reset_connections:
+        _, conn = _reset_connections.popitem()
+        if not conn.is_closed():
+            await conn.close()
