@@ -15,6 +15,15 @@ PIP_INSTALL := $(BIN)/pip install --quiet --disable-pip-version-check
 # and 4 take about the same time (the tests wait on processes, sockets and timers as much as
 # on the CPU); 3 keeps a core busy while another worker waits. `make test TEST_WORKERS=N`.
 TEST_WORKERS ?= 3
+# The tests outside the fault scenarios need neither tests/chaos nor the pytest plugins of
+# schemathesis and hypothesis, which only its fuzzing uses (importing them costs every test
+# process a second or two).
+NOT_CHAOS := --ignore=tests/chaos -p no:schemathesis -p no:hypothesispytest
+
+# Python keeps the bytecode of what it compiles (in __pycache__/, ignored by git) even where
+# the environment asks it not to: each test process and each `python -m jobq` it starts would
+# otherwise compile the project and the tests' assertion rewriting anew (seconds per process).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: help run test test-unit chaos bench bench-all lint docs format worker migrate db-stop clean
 
@@ -36,10 +45,10 @@ run: $(RUN_INSTALLED) ## Serve the API on http://127.0.0.1:8000: web and worker 
 	$(BIN)/python -m jobq run
 
 test: $(DEV_INSTALLED) ## Run the tests in parallel, a fresh database per process (embedded PostgreSQL unless TEST_DATABASE_URL)
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup $(NOT_CHAOS)
 
 test-unit: $(DEV_INSTALLED) ## Run the tests that need no database (-m 'not db': tests/conftest.py marks db each test with a database fixture)
-	$(BIN)/pytest -m 'not db and not chaos'
+	$(BIN)/pytest -m 'not db and not chaos' $(NOT_CHAOS)
 
 chaos: $(DEV_INSTALLED) ## Run the fault, fuzz and load scenarios (real processes; prints JSON figures)
 	$(BIN)/pytest -m chaos -s tests/chaos
