@@ -216,11 +216,11 @@ CREATE TABLE job_leader (
 -- ============================================================================================
 -- Jobs that wait for other jobs (jobq.queue.flow). A job that waits is in job_waiting, never in
 -- `job`: the claim never reads it. The statement that records the end of the last job it waits
--- for moves it into `job` in the same transaction, through the triggers on job_running that
--- sql/functions/job_flow_ran.sql makes (job_running_flow_note, a row trigger, and
--- job_running_flow_tell, a constraint trigger deferred to the commit, both only for rows of
--- unique_mode 'flow'; job_flow_finish does the work): a crash between the two is impossible,
--- and the claim statement knows nothing of flows. A job whose dependency fails or is cancelled is
+-- for moves it into `job` in the same transaction, through the trigger on job_running that
+-- sql/functions/job_flow_ran.sql makes (job_running_flow_tell, a constraint trigger deferred to
+-- the commit, which notes rows of unique_mode 'flow' only, and runs once per transaction;
+-- job_flow_finish does the work): a crash between the two is impossible, and the claim
+-- statement knows nothing of flows. A job whose dependency fails or is cancelled is
 -- cancelled with it (unless its on_dependency_failure is 'run').
 --
 -- A workflow is a set of jobs enqueued together, each naming the jobs it waits for (a DAG); a

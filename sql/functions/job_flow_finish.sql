@@ -31,30 +31,23 @@ RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     ended    bigint[] := p_ids;
     outcomes text[]   := p_outcomes;
-    waiters  bigint[];
-    counts   integer[];
-    dooms    boolean[];
     ready    bigint[];
     doomed   bigint[];
     moved    integer;
     promoted integer  := 0;
 BEGIN
     WHILE cardinality(ended) > 0 LOOP
-        -- 2. their waiting dependents, by id (a statement after the caller's record of the ends)
-        SELECT array_agg(h.job_id ORDER BY h.job_id), array_agg(h.n ORDER BY h.job_id),
-               array_agg(h.cancels ORDER BY h.job_id)
-        INTO waiters, counts, dooms
-        FROM (SELECT d.job_id, count(*)::integer AS n,
-                     bool_or(d.cancels AND e.outcome <> 'succeeded') AS cancels
-              FROM unnest(ended, outcomes) AS e(id, outcome)
-              JOIN job_dependency AS d ON d.depends_on = e.id
-              GROUP BY d.job_id) AS h;
-        EXIT WHEN waiters IS NULL;
-
-        -- 3. counted down, in id order (the join's outer side)
+        -- 2. their waiting dependents (in a statement after the caller's record of the ends;
+        -- `= ANY`: one index scan for them all), 3. counted down, in id order (the join's outer
+        -- side)
         WITH counted AS (
             UPDATE job_waiting AS w SET remaining = w.remaining - h.n
-            FROM unnest(waiters, counts, dooms) AS h(job_id, n, cancels)
+            FROM (SELECT d.job_id, count(*)::integer AS n,
+                         bool_or(d.cancels AND e.outcome <> 'succeeded') AS cancels
+                  FROM job_dependency AS d
+                  JOIN unnest(ended, outcomes) AS e(id, outcome) ON e.id = d.depends_on
+                  WHERE d.depends_on = ANY(ended)
+                  GROUP BY d.job_id ORDER BY d.job_id) AS h
             WHERE w.job_id = h.job_id
             RETURNING w.job_id, w.remaining, h.cancels
         )

@@ -218,3 +218,44 @@ async def test_an_end_is_told_at_its_commit_and_rolls_back_with_it(
     assert await conn.fetchval(remaining, batch.callback_id) == 1
     await store.record(second, [Outcome(two.token, Verdict.COMPLETE)], now=clock.now())
     assert await where(conn, batch.callback_id) is JobState.QUEUED
+
+
+async def test_the_ends_of_one_transaction_are_told_together_at_its_commit(
+    database: Database, conn: Connection
+) -> None:
+    """Ends recorded by several statements of one transaction are told at its commit, all at
+    once (the trigger runs once per transaction): a job released and claimed again in it has not
+    ended, and an end rolled back to a savepoint is not told."""
+    batch = await enqueue_batch(
+        [Job(job_type="x", arguments={"n": n}) for n in range(4)],
+        callback=Job(job_type="callback"),
+    )
+    assert batch.callback_id is not None
+    one, two, three, four = await claim_all(conn, worker_id=1)
+    remaining = "SELECT remaining FROM job_waiting WHERE job_id = $1"
+    async with conn.transaction():
+        savepoint = conn.transaction()
+        await savepoint.start()
+        await store.record(conn, [Outcome(one.token, Verdict.COMPLETE)], now=clock.now())
+        await savepoint.rollback()
+        ends = [Outcome(two.token, Verdict.COMPLETE), Outcome(three.token, Verdict.RELEASE)]
+        await store.record(conn, ends, now=clock.now())
+        now = clock.now()
+        claimed = await store.record_and_claim(
+            conn,
+            [Outcome(four.token, Verdict.COMPLETE)],
+            worker_id=1,
+            max_jobs=1,
+            now=now,
+            lease_expires_at=now + timedelta(seconds=60),
+        )
+        assert [j.id for j in claimed.jobs] == [three.id]
+        assert await conn.fetchval(remaining, batch.callback_id) == 4
+    assert await conn.fetchval(remaining, batch.callback_id) == 2
+    assert await where(conn, one.id) is JobState.RUNNING
+    assert await where(conn, three.id) is JobState.RUNNING
+    outcomes = await conn.fetch(
+        "SELECT job_id, outcome FROM job_flow WHERE job_id = ANY($1::bigint[]) ORDER BY job_id",
+        [one.id, two.id, three.id, four.id],
+    )
+    assert [r["outcome"] for r in outcomes] == [None, "succeeded", None, "succeeded"]
