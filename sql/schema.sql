@@ -60,10 +60,11 @@ WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 10000,
 
 -- Dedup of `queued` jobs (see md5).
 CREATE UNIQUE INDEX job_md5_key ON job (md5);
--- The claim walks one queue's line: highest priority first, then the earliest ripe_at.
+-- The claim walks one queue's line: highest priority first, then the earliest ripe_at. Every
+-- read of a queue's jobs by time goes through it one priority at a time (job_priorities); no
+-- index by (queue, ripe_at) exists, so no plan can serve one priority's scan by stepping over
+-- the jobs of the others.
 CREATE INDEX job_claim_idx ON job (queue, priority DESC, ripe_at);
--- The next ripe_at of a queue, for an idle worker's timer.
-CREATE INDEX job_ripe_at_idx ON job (queue, ripe_at);
 -- The claim of a queue with per-key limits walks its keys when the head of its line is held
 -- back (job_claim_turns): one probe finds the next key, one more its first ripe jobs, so jobs
 -- held back by a full key are never read.

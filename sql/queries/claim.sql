@@ -31,7 +31,7 @@ WITH completed AS (
     -- holds a ripe job (only those take a turn)
     SELECT u.name, u.free, jq, coalesce(jq.limited, false) AS limited,
            jq.limited AND EXISTS (
-               SELECT FROM job WHERE job.queue = u.name AND job.ripe_at <= :now) AS ripe
+               SELECT FROM job_priorities(u.name) AS p WHERE p.ripe_at <= :now) AS ripe
     FROM unnest(:queues::text[], :slots::int[]) AS u(name, free)
     LEFT JOIN job_queue AS jq USING (name)
     WHERE u.free > 0 AND NOT coalesce(jq.paused, false)
@@ -45,23 +45,15 @@ WITH completed AS (
     CROSS JOIN LATERAL job_claim_turns(a.queues, a.free, :worker_id, :now, :lease_expires_at) AS t
 ), claimed AS (
     -- 4. the queues without limits: the first ripe jobs of each queue's line, rows another
-    -- claim holds skipped. The line is read one priority at a time, highest first (a skip
-    -- scan: one index probe finds the next priority and its first job), so a claim reads the
-    -- ripe jobs it takes and never walks the jobs scheduled later. Each priority's scan starts
-    -- at the first job its probe saw, past the index entries of jobs already gone.
+    -- claim holds skipped. The line is read one priority at a time, highest first
+    -- (job_priorities: one index probe finds the next priority and its first job), so a claim
+    -- reads the ripe jobs it takes, never the jobs scheduled later nor those of other
+    -- priorities. Each priority's scan starts at the first job its probe saw, past the index
+    -- entries of jobs already gone.
     DELETE FROM job
     WHERE id = ANY(ARRAY(
         SELECT j.id FROM q CROSS JOIN LATERAL (
-            WITH RECURSIVE priorities AS (
-                (SELECT priority, ripe_at FROM job WHERE job.queue = q.name
-                 ORDER BY priority DESC, ripe_at LIMIT 1)
-                UNION ALL
-                SELECT n.priority, n.ripe_at FROM priorities AS p CROSS JOIN LATERAL (
-                    SELECT job.priority, job.ripe_at FROM job
-                    WHERE job.queue = q.name AND job.priority < p.priority
-                    ORDER BY job.priority DESC, job.ripe_at LIMIT 1) AS n
-            )
-            SELECT r.id FROM priorities AS p CROSS JOIN LATERAL (
+            SELECT r.id FROM job_priorities(q.name) AS p CROSS JOIN LATERAL (
                 SELECT id FROM job
                 WHERE job.queue = q.name AND job.priority = p.priority
                   AND ripe_at >= p.ripe_at AND ripe_at <= :now
@@ -98,8 +90,10 @@ WITH completed AS (
 SELECT ARRAY(SELECT job FROM taken) AS jobs,
        ARRAY(SELECT token FROM completed) AS recorded,
        least(
-           (SELECT min(n.ripe_at) FROM unfilled AS u CROSS JOIN LATERAL (
-                SELECT ripe_at FROM job WHERE job.queue = u.name AND ripe_at > :now
+           (SELECT min(n.ripe_at) FROM unfilled AS u
+            CROSS JOIN LATERAL job_priorities(u.name) AS p CROSS JOIN LATERAL (
+                SELECT ripe_at FROM job
+                WHERE job.queue = u.name AND job.priority = p.priority AND ripe_at > :now
                 ORDER BY ripe_at LIMIT 1) AS n),
            CASE WHEN EXISTS (SELECT FROM unfilled WHERE ripe)
                 THEN job_rate_opens_at(ARRAY(SELECT name FROM unfilled WHERE ripe), :now) END
@@ -148,16 +142,7 @@ WITH completed AS (
     DELETE FROM job
     WHERE id = ANY(ARRAY(
         SELECT j.id FROM q CROSS JOIN LATERAL (
-            WITH RECURSIVE priorities AS (
-                (SELECT priority, ripe_at FROM job WHERE job.queue = q.name
-                 ORDER BY priority DESC, ripe_at LIMIT 1)
-                UNION ALL
-                SELECT n.priority, n.ripe_at FROM priorities AS p CROSS JOIN LATERAL (
-                    SELECT job.priority, job.ripe_at FROM job
-                    WHERE job.queue = q.name AND job.priority < p.priority
-                    ORDER BY job.priority DESC, job.ripe_at LIMIT 1) AS n
-            )
-            SELECT r.id FROM priorities AS p CROSS JOIN LATERAL (
+            SELECT r.id FROM job_priorities(q.name) AS p CROSS JOIN LATERAL (
                 SELECT id FROM job
                 WHERE job.queue = q.name AND job.priority = p.priority
                   AND ripe_at >= p.ripe_at AND ripe_at <= :now
@@ -184,8 +169,10 @@ WITH completed AS (
 -- 5. one row; the awaited jobs that ended are announced (`jobq_done`, sent at the commit)
 SELECT ARRAY(SELECT r::job_claimed FROM running AS r) AS jobs,
        ARRAY(SELECT token FROM completed) AS recorded,
-       (SELECT min(n.ripe_at) FROM q CROSS JOIN LATERAL (
-            SELECT ripe_at FROM job WHERE job.queue = q.name AND ripe_at > :now
+       (SELECT min(n.ripe_at) FROM q
+        CROSS JOIN LATERAL job_priorities(q.name) AS p CROSS JOIN LATERAL (
+            SELECT ripe_at FROM job
+            WHERE job.queue = q.name AND job.priority = p.priority AND ripe_at > :now
             ORDER BY ripe_at LIMIT 1) AS n
         WHERE q.free > (SELECT count(*) FROM running WHERE running.queue = q.name)
        ) AS next_ripe_at,
@@ -194,11 +181,13 @@ WHERE (SELECT count(pg_notify('jobq_done', id::text)) FROM completed WHERE await
 
 -- name: job_next_ripe_at
 -- When the next claim of :queues may find work after :now: the earliest ripe_at after it of
--- their jobs (one probe of job_ripe_at_idx each), or the moment a full rate window
+-- their jobs (one probe per priority of each, job_priorities), or the moment a full rate window
 -- (`job_rate`) of theirs lets one more job start, whichever comes first (NULL: neither).
 SELECT least(
-    (SELECT min(n.ripe_at) FROM unnest(:queues::text[]) AS u(name) CROSS JOIN LATERAL (
-         SELECT ripe_at FROM job WHERE job.queue = u.name AND ripe_at > :now
+    (SELECT min(n.ripe_at) FROM unnest(:queues::text[]) AS u(name)
+     CROSS JOIN LATERAL job_priorities(u.name) AS p CROSS JOIN LATERAL (
+         SELECT ripe_at FROM job
+         WHERE job.queue = u.name AND job.priority = p.priority AND ripe_at > :now
          ORDER BY ripe_at LIMIT 1) AS n),
     job_rate_opens_at(:queues::text[], :now::timestamptz)
 );

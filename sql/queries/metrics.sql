@@ -91,10 +91,11 @@ SELECT queue, job_type, metric, bounds, buckets, sum FROM job_histogram;
 
 -- name: metrics_queues
 -- Per queue: paused or not, the last depth snapshot (NULL: none yet), and the age at :now of its
--- oldest ripe job (NULL: none), one probe of job_ripe_at_idx.
+-- oldest ripe job (NULL: none): the earliest first job of its priorities (job_priorities, one
+-- index probe per priority).
 SELECT q.name AS queue, q.paused, d.ripe, d.scheduled, d.held, d.taken_at,
        extract(epoch FROM :now::timestamptz - (
-           SELECT min(j.ripe_at) FROM job AS j WHERE j.queue = q.name AND j.ripe_at <= :now
+           SELECT min(p.ripe_at) FROM job_priorities(q.name) AS p WHERE p.ripe_at <= :now
        ))::float8 AS oldest_ripe_s
 FROM job_queue AS q LEFT JOIN job_depth AS d ON d.queue = q.name
 ORDER BY q.name;

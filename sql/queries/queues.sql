@@ -23,13 +23,22 @@ UPDATE job_queue SET paused = :paused WHERE name = :name RETURNING name;
 
 -- name: job_queue_list
 -- Every queue with its state, limits and jobs (ripe, scheduled, running). Each queued count stops
--- at :max_count (NULL: none), so that a page over millions of jobs stays cheap.
+-- at :max_count (NULL: none), so that a page over millions of jobs stays cheap; each is read one
+-- priority at a time (job_priorities), a range of job_claim_idx each.
 SELECT q.name, q.paused, q.max_running, q.max_running_per_key, q.rate_max_starts, q.rate_period,
        q.key_rate_max_starts, q.key_rate_period,
-       (SELECT count(*) FROM (SELECT FROM job WHERE job.queue = q.name AND ripe_at <= :now
-                              LIMIT :max_count::bigint) AS j) AS ripe,
-       (SELECT count(*) FROM (SELECT FROM job WHERE job.queue = q.name AND ripe_at > :now
-                              LIMIT :max_count::bigint) AS j) AS scheduled,
+       (SELECT count(*) FROM (
+            SELECT FROM job_priorities(q.name) AS p CROSS JOIN LATERAL (
+                SELECT FROM job WHERE job.queue = q.name AND job.priority = p.priority
+                                  AND ripe_at <= :now
+                LIMIT :max_count::bigint) AS j
+            LIMIT :max_count::bigint) AS j) AS ripe,
+       (SELECT count(*) FROM (
+            SELECT FROM job_priorities(q.name) AS p CROSS JOIN LATERAL (
+                SELECT FROM job WHERE job.queue = q.name AND job.priority = p.priority
+                                  AND ripe_at > :now
+                LIMIT :max_count::bigint) AS j
+            LIMIT :max_count::bigint) AS j) AS scheduled,
        (SELECT count(*) FROM job_running AS r WHERE r.queue = q.name) AS running
 FROM job_queue AS q
 ORDER BY q.name;

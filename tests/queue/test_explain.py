@@ -151,7 +151,7 @@ async def test_the_check_finds_jobs_past_their_last_attempt_by_the_partial_index
 
 async def test_next_ripe_at_uses_an_index(filled: Connection) -> None:
     text = await plan(filled, sql.job_next_ripe_at, now=clock.now(), queues=["default"])
-    assert re.search(r"Index (Only )?Scan using job_(ripe_at|claim)_idx on job", text), text
+    assert re.search(r"Index (Only )?Scan using job_claim_idx on job", text), text
     assert not re.search(r"Seq Scan on job\b", text), text
 
 
@@ -298,4 +298,119 @@ def _buffers_of(text: str, scan: str) -> list[int]:
                 if "Buffers:" in detail:
                     found.append(sum(map(int, re.findall(r"(?:hit|read)=(\d+)", detail))))
                     break
+    return found
+
+
+BACKLOG = 100_000
+"""The ripe jobs of the lowest priority behind the 3 of a higher one (`priority_backlog_dsn`)."""
+
+
+@pytest.fixture(scope="module")
+async def priority_backlog_dsn(admin_dsn: str) -> AsyncIterator[str]:
+    """The DSN of a database of its own with, in queue `default`, 3 ripe jobs of priority 2
+    (the oldest) and `BACKLOG` ripe jobs of priority 0 behind them, vacuumed and analysed:
+    seeded once for the variants of the test below, whose claims and limits roll back."""
+    now = clock.now()
+    async with fresh_database(admin_dsn, "jobq_backlog") as dsn:
+        conn = await db.connect(dsn)
+        try:
+            await conn.execute(
+                """
+                INSERT INTO job (job_type, arguments, ripe_at, priority, max_retries, created_at)
+                SELECT 'bulk', jsonb_build_object('i', i),
+                       $1::timestamptz + i * interval '1 millisecond'
+                       - CASE WHEN i <= 3 THEN interval '2 hours' ELSE interval '1 hour' END,
+                       CASE WHEN i <= 3 THEN 2 ELSE 0 END, 5, $1
+                FROM generate_series(1, $2::int) AS i
+                """,
+                now,
+                3 + BACKLOG,
+            )
+            await conn.execute("VACUUM ANALYZE job")
+        finally:
+            await conn.close()
+        yield dsn
+
+
+@pytest.fixture
+async def priority_backlog(priority_backlog_dsn: str) -> AsyncIterator[Connection]:
+    """A connection of its own to the database of `priority_backlog_dsn`."""
+    conn = await db.connect(priority_backlog_dsn)
+    yield conn
+    await conn.close()
+
+
+@pytest.mark.xdist_group("explain_priority_backlog")  # one worker seeds the database, once
+@pytest.mark.parametrize("plan_cache_mode", ["auto", "force_generic_plan"])
+@pytest.mark.parametrize("statement", [*CLAIMS, "job_line"])
+async def test_the_claim_never_walks_the_ripe_jobs_of_other_priorities(
+    priority_backlog: Connection, plan_cache_mode: str, statement: str
+) -> None:
+    """Fewer jobs of the highest priority than free slots, ahead of a backlog of a lower one:
+    the claim takes the 3, then the first 13 of the backlog, and reads the index around them;
+    so does the line that a turn of a queue with limits reads (`job_line`, which the turn runs
+    with a generic plan). Each priority's jobs can only be read from `job_claim_idx`, whose
+    order is the line's: `job` has no index by `(queue, ripe_at)`. With one, the planner served
+    the same scan from it at this size (not at half of it), stepping over every ripe job of the
+    other priorities at every claim that found a priority short of its free slots (2,441
+    buffers here, against 16)."""
+    conn = priority_backlog
+    now = clock.now()
+    index_pages = await conn.fetchval("SELECT pg_relation_size('job_claim_idx') / 8192")
+    by_time = await conn.fetch(
+        "SELECT indexrelid::regclass::text FROM pg_index AS i"
+        " JOIN pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]"
+        " JOIN pg_attribute AS b ON b.attrelid = i.indrelid AND b.attnum = i.indkey[1]"
+        " WHERE i.indrelid = 'job'::regclass AND a.attname = 'queue' AND b.attname = 'ripe_at'"
+    )
+    assert by_time == [], "an index of job by (queue, ripe_at)"
+    await conn.execute(f"SET plan_cache_mode = {plan_cache_mode}")
+    later = now + timedelta(seconds=30)
+    given = {  # each parameter's type and value (EXECUTE takes no bind parameters)
+        "completed": ("bigint[]", "'{}'"),
+        "results": ("text[]", "'{}'"),
+        "retain": ("boolean", "true"),
+        "now": ("timestamptz", f"'{now.isoformat()}'"),
+        "queues": ("text[]", "'{default}'"),
+        "slots": ("int[]", "'{16}'"),
+        "worker_id": ("int", "1"),
+        "lease_expires_at": ("timestamptz", f"'{later.isoformat()}'"),
+    }
+    if statement == "job_line":
+        text = "SELECT array_agg(priority) FROM job_line($1, $2, $3)"
+        params = "text, timestamptz, int"
+        values = f"'default', '{now.isoformat()}', 16"
+        scan = r"Function Scan on job_line"
+    else:
+        claim = getattr(sql, statement)
+        text = claim.text
+        params = ", ".join(given[name][0] for name in claim.params)
+        values = ", ".join(given[name][1] for name in claim.params)
+        scan = r"Scan using (?!job_pkey)\w+ on job( |$)"  # not the moves' lookups by id
+    await conn.execute(f"PREPARE claim ({params}) AS {text}")
+    for explain in ("", "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) "):
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            rows = await conn.fetch(f"{explain}EXECUTE claim ({values})")
+            if not explain:  # the priorities of the jobs taken, in the order taken
+                priorities = rows[0][0] if statement == "job_line" else await conn.fetchval(
+                    "SELECT array_agg(priority ORDER BY token) FROM job_running"
+                )
+        finally:
+            await tx.rollback()
+    await conn.execute("DEALLOCATE claim; RESET plan_cache_mode")
+    plan_text = "\n".join(r[0] for r in rows)
+    assert priorities == [2] * 3 + [0] * 13, plan_text
+    read = sum(_buffers_of_scans(plan_text, scan))
+    assert 0 < read < index_pages / 4, (read, index_pages, plan_text)
+
+
+def _buffers_of_scans(text: str, scan: str) -> list[int]:
+    """`_buffers_of` for the plan nodes whose line matches the regular expression `scan`."""
+    found = []
+    for line in text.splitlines():
+        match = re.search(scan, line)
+        if match:
+            found.extend(_buffers_of(text, line))
     return found
