@@ -394,8 +394,12 @@ async def test_the_claim_never_walks_the_ripe_jobs_of_other_priorities(
         try:
             rows = await conn.fetch(f"{explain}EXECUTE claim ({values})")
             if not explain:  # the priorities of the jobs taken, in the order taken
-                priorities = rows[0][0] if statement == "job_line" else await conn.fetchval(
-                    "SELECT array_agg(priority ORDER BY token) FROM job_running"
+                priorities = (
+                    rows[0][0]
+                    if statement == "job_line"
+                    else await conn.fetchval(
+                        "SELECT array_agg(priority ORDER BY token) FROM job_running"
+                    )
                 )
         finally:
             await tx.rollback()
