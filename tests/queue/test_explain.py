@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
@@ -186,32 +187,37 @@ SCHEDULED_LATER = 300_000
 """The jobs scheduled for next year behind the 3 ripe ones (issue 12's large queue)."""
 
 
-@pytest.fixture(scope="module")
-async def scheduled_later_dsn(admin_dsn: str) -> AsyncIterator[str]:
-    """The DSN of a database of its own (the reset before each test empties the session's)
-    with 3 jobs ripe, one per priority, and `SCHEDULED_LATER` scheduled for next year,
-    vacuumed and analysed: seeded once for the variants of the test below, whose claims and
-    limits roll back."""
-    now = clock.now()
-    async with fresh_database(admin_dsn, "jobq_later") as dsn:
+@contextlib.asynccontextmanager
+async def _seeded_database(
+    admin_dsn: str, name: str, insert: str, count: int
+) -> AsyncIterator[str]:
+    """A database of its own (the reset before each test empties the session's), its `job`
+    filled by `insert` (parameters: now, `count`), vacuumed and analysed; yields its DSN."""
+    async with fresh_database(admin_dsn, name) as dsn:
         conn = await db.connect(dsn)
         try:
-            await conn.execute(
-                """
-                INSERT INTO job (job_type, arguments, ripe_at, priority, max_retries, created_at)
-                SELECT 'bulk', jsonb_build_object('i', i),
-                       CASE WHEN i <= 3 THEN $1::timestamptz - interval '1 minute'
-                            ELSE $1::timestamptz + interval '365 days' + i * interval '1 second'
-                       END,
-                       (i % 3)::smallint, 5, $1
-                FROM generate_series(1, $2::int) AS i
-                """,
-                now,
-                3 + SCHEDULED_LATER,
-            )
+            await conn.execute(insert, clock.now(), count)
             await conn.execute("VACUUM ANALYZE job")
         finally:
             await conn.close()
+        yield dsn
+
+
+@pytest.fixture(scope="module")
+async def scheduled_later_dsn(admin_dsn: str) -> AsyncIterator[str]:
+    """The DSN of a database with 3 jobs ripe, one per priority, and `SCHEDULED_LATER`
+    scheduled for next year: seeded once for the variants of the test below, whose claims and
+    limits roll back."""
+    insert = """
+        INSERT INTO job (job_type, arguments, ripe_at, priority, max_retries, created_at)
+        SELECT 'bulk', jsonb_build_object('i', i),
+               CASE WHEN i <= 3 THEN $1::timestamptz - interval '1 minute'
+                    ELSE $1::timestamptz + interval '365 days' + i * interval '1 second'
+               END,
+               (i % 3)::smallint, 5, $1
+        FROM generate_series(1, $2::int) AS i
+    """
+    async with _seeded_database(admin_dsn, "jobq_later", insert, 3 + SCHEDULED_LATER) as dsn:
         yield dsn
 
 
@@ -246,20 +252,8 @@ async def test_the_claim_never_walks_the_jobs_scheduled_later(
     now = clock.now()
     index_pages = await conn.fetchval("SELECT pg_relation_size('job_claim_idx') / 8192")
     await conn.execute(f"SET plan_cache_mode = {plan_cache_mode}")
-    later = now + timedelta(seconds=30)
-    given = {  # each parameter's type and value (EXECUTE takes no bind parameters)
-        "completed": ("bigint[]", "'{}'"),
-        "results": ("text[]", "'{}'"),
-        "retain": ("boolean", "true"),
-        "now": ("timestamptz", f"'{now.isoformat()}'"),
-        "queues": ("text[]", "'{default}'"),
-        "slots": ("int[]", "'{16}'"),
-        "worker_id": ("int", "1"),
-        "lease_expires_at": ("timestamptz", f"'{later.isoformat()}'"),
-    }
     claim = getattr(sql, statement)
-    types = ", ".join(given[name][0] for name in claim.params)
-    values = ", ".join(given[name][1] for name in claim.params)
+    types, values = _claim_literals(claim, now)
     await conn.execute(f"PREPARE claim ({types}) AS {claim.text}")
     for explain in ("", "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) "):
         tx = conn.transaction()  # the first claim plans job_claim_turns's statements: not counted
@@ -286,6 +280,26 @@ async def test_the_claim_never_walks_the_jobs_scheduled_later(
     assert 0 < read < index_pages / 4, (read, index_pages, text)
 
 
+def _claim_literals(claim: Query, now: datetime) -> tuple[str, str]:
+    """The parameter types of a PREPARE of `claim`, and the literal values of its EXECUTE
+    (which takes no bind parameters): a claim at `now` of up to 16 jobs of queue `default`,
+    recording nothing."""
+    later = now + timedelta(seconds=30)
+    given = {
+        "completed": ("bigint[]", "'{}'"),
+        "results": ("text[]", "'{}'"),
+        "retain": ("boolean", "true"),
+        "now": ("timestamptz", f"'{now.isoformat()}'"),
+        "queues": ("text[]", "'{default}'"),
+        "slots": ("int[]", "'{16}'"),
+        "worker_id": ("int", "1"),
+        "lease_expires_at": ("timestamptz", f"'{later.isoformat()}'"),
+    }
+    types = ", ".join(given[name][0] for name in claim.params)
+    values = ", ".join(given[name][1] for name in claim.params)
+    return types, values
+
+
 def _buffers_of(text: str, scan: str) -> list[int]:
     """The shared buffers (hit + read) of each plan node of `text` whose line has `scan`."""
     found = []
@@ -307,28 +321,18 @@ BACKLOG = 100_000
 
 @pytest.fixture(scope="module")
 async def priority_backlog_dsn(admin_dsn: str) -> AsyncIterator[str]:
-    """The DSN of a database of its own with, in queue `default`, 3 ripe jobs of priority 2
-    (the oldest) and `BACKLOG` ripe jobs of priority 0 behind them, vacuumed and analysed:
-    seeded once for the variants of the test below, whose claims and limits roll back."""
-    now = clock.now()
-    async with fresh_database(admin_dsn, "jobq_backlog") as dsn:
-        conn = await db.connect(dsn)
-        try:
-            await conn.execute(
-                """
-                INSERT INTO job (job_type, arguments, ripe_at, priority, max_retries, created_at)
-                SELECT 'bulk', jsonb_build_object('i', i),
-                       $1::timestamptz + i * interval '1 millisecond'
-                       - CASE WHEN i <= 3 THEN interval '2 hours' ELSE interval '1 hour' END,
-                       CASE WHEN i <= 3 THEN 2 ELSE 0 END, 5, $1
-                FROM generate_series(1, $2::int) AS i
-                """,
-                now,
-                3 + BACKLOG,
-            )
-            await conn.execute("VACUUM ANALYZE job")
-        finally:
-            await conn.close()
+    """The DSN of a database with, in queue `default`, 3 ripe jobs of priority 2 (the oldest)
+    and `BACKLOG` ripe jobs of priority 0 behind them: seeded once for the variants of the test
+    below, whose claims roll back."""
+    insert = """
+        INSERT INTO job (job_type, arguments, ripe_at, priority, max_retries, created_at)
+        SELECT 'bulk', jsonb_build_object('i', i),
+               $1::timestamptz + i * interval '1 millisecond'
+               - CASE WHEN i <= 3 THEN interval '2 hours' ELSE interval '1 hour' END,
+               CASE WHEN i <= 3 THEN 2 ELSE 0 END, 5, $1
+        FROM generate_series(1, $2::int) AS i
+    """
+    async with _seeded_database(admin_dsn, "jobq_backlog", insert, 3 + BACKLOG) as dsn:
         yield dsn
 
 
@@ -365,17 +369,6 @@ async def test_the_claim_never_walks_the_ripe_jobs_of_other_priorities(
     )
     assert by_time == [], "an index of job by (queue, ripe_at)"
     await conn.execute(f"SET plan_cache_mode = {plan_cache_mode}")
-    later = now + timedelta(seconds=30)
-    given = {  # each parameter's type and value (EXECUTE takes no bind parameters)
-        "completed": ("bigint[]", "'{}'"),
-        "results": ("text[]", "'{}'"),
-        "retain": ("boolean", "true"),
-        "now": ("timestamptz", f"'{now.isoformat()}'"),
-        "queues": ("text[]", "'{default}'"),
-        "slots": ("int[]", "'{16}'"),
-        "worker_id": ("int", "1"),
-        "lease_expires_at": ("timestamptz", f"'{later.isoformat()}'"),
-    }
     if statement == "job_line":
         text = "SELECT array_agg(priority) FROM job_line($1, $2, $3)"
         params = "text, timestamptz, int"
@@ -384,8 +377,7 @@ async def test_the_claim_never_walks_the_ripe_jobs_of_other_priorities(
     else:
         claim = getattr(sql, statement)
         text = claim.text
-        params = ", ".join(given[name][0] for name in claim.params)
-        values = ", ".join(given[name][1] for name in claim.params)
+        params, values = _claim_literals(claim, now)
         scan = r"Scan using (?!job_pkey)\w+ on job( |$)"  # not the moves' lookups by id
     await conn.execute(f"PREPARE claim ({params}) AS {text}")
     for explain in ("", "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) "):
