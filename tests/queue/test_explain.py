@@ -354,10 +354,10 @@ async def test_the_claim_never_walks_the_ripe_jobs_of_other_priorities(
     the claim takes the 3, then the first 13 of the backlog, and reads the index around them;
     so does the line that a turn of a queue with limits reads (`job_line`, which the turn runs
     with a generic plan). Each priority's jobs can only be read from `job_claim_idx`, whose
-    order is the line's: `job` has no index by `(queue, ripe_at)`. With one, the planner served
-    the same scan from it at this size (not at half of it), stepping over every ripe job of the
-    other priorities at every claim that found a priority short of its free slots (2,441
-    buffers here, against 16)."""
+    order is the line's: `job` has no index by `(queue, ripe_at)`. With one, the planner may
+    serve the same scan from it (at this size, by these statistics, it does), stepping over
+    every ripe job of the other priorities at every claim that finds a priority short of its
+    free slots."""
     conn = priority_backlog
     now = clock.now()
     index_pages = await conn.fetchval("SELECT pg_relation_size('job_claim_idx') / 8192")
