@@ -56,7 +56,7 @@ from bench.harness import wait_drained
 from bench.loadgen import percentile
 from jobq import clock, db
 from jobq.db import Connection
-from jobq.queue import Job, enqueue, enqueue_many, sql, store
+from jobq.queue import Job, enqueue, enqueue_many, limits, sql, store
 from jobq.queue.listener import CLAIM_SESSION
 from jobq.queue.model import Outcome, Verdict
 from jobq.queue.registry import registry
@@ -238,7 +238,7 @@ async def limits_claim_cpu(ctx: Context) -> list[Figures]:
     names = (queues.FREE, queues.LIMITED)
     now = clock.now()
     async with ctx.connection() as conn:
-        await store.declare_queues(conn, [registry.queues()[name] for name in names])
+        await limits.declare_queues(conn, [registry.queues()[name] for name in names])
         for name in names:
             await conn.execute(FILL_KEYED, NOOP, now, name, OVERHEAD_KEYS, CPU_JOBS)
         await conn.execute("VACUUM ANALYZE job")
@@ -301,7 +301,7 @@ async def held_back_claim(ctx: Context) -> list[Figures]:
     await ctx.database.reset()
     now = clock.now()
     async with ctx.connection() as conn:
-        await store.declare_queues(conn, [registry.queues()[queues.HELD]])
+        await limits.declare_queues(conn, [registry.queues()[queues.HELD]])
         await conn.execute(HOLD, NOOP, now - timedelta(hours=2), FAKE_WORKER, queues.HELD, "hot")
         await conn.execute(FILL, NOOP, now - timedelta(hours=1), queues.HELD, "hot", HELD_JOBS)
         for k in range(HELD_FREE_KEYS):
@@ -412,7 +412,7 @@ async def rate_held_claim(ctx: Context) -> list[Figures]:
     """Claims of `bench_rated` while its rate holds back its ripe jobs."""
     await ctx.database.reset()
     async with ctx.connection() as conn:
-        await store.declare_queues(conn, [registry.queues()[queues.RATED]])
+        await limits.declare_queues(conn, [registry.queues()[queues.RATED]])
         await conn.execute(FILL, NOOP, clock.now(), queues.RATED, None, RATED_JOBS)
         await conn.execute("VACUUM ANALYZE job")
     conn = await db.connect(ctx.dsn, server_settings=CLAIM_SESSION)

@@ -581,7 +581,7 @@ CREATE TABLE reminders (
 
 CREATE INDEX reminders_user_idx ON reminders (user_id, remind_at);
 
--- The cap on a user's unsent reminders (jobq.domain.reminders, JOBQ_MAX_REMINDERS_PER_USER),
+-- The cap on a user's unsent reminders (jobq.domain.creation, JOBQ_MAX_REMINDERS_PER_USER),
 -- kept without a lock held while a request runs. A creation first takes a hold on one more
 -- unsent reminder (reminder_hold_take), in a short transaction of its own; its request's
 -- transaction then turns the hold into the reminder (reminder_create deletes the hold, inserts

@@ -16,7 +16,8 @@ import httpx
 import pytest
 from standardwebhooks import Webhook
 
-from jobq.config import PROJECT_ROOT, Settings, webhook_key
+from jobq.config import PROJECT_ROOT, Settings
+from jobq.credentials import webhook_key
 from jobq.db import Database
 from jobq.domain import signing
 from tests.toolkit.procs import free_port, http_ready, in_log, spawn, subprocess_env

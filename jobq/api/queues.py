@@ -15,7 +15,7 @@ from jobq.api.admin import SECURITY_SCHEME, admin_only
 from jobq.api.audit import audit
 from jobq.db import read_transaction, write_transaction
 from jobq.errors import NotFound
-from jobq.queue import store
+from jobq.queue import limits
 
 bp = Blueprint("queues", __name__)
 security_scheme_blueprint(bp, [{SECURITY_SCHEME: []}])
@@ -61,7 +61,7 @@ def _rate(max_starts: int | None, period: timedelta | None) -> RateLimit | None:
 @read_transaction
 async def list_queues() -> Queues:
     """Every queue with its depth, running jobs, limits and paused state."""
-    rows = await store.list_queues(db.conn(), now=clock.now())
+    rows = await limits.list_queues(db.conn(), now=clock.now())
     return Queues(
         queues=[
             QueueInfo(
@@ -81,7 +81,7 @@ async def list_queues() -> Queues:
 
 
 async def _set_paused(name: str, *, paused: bool) -> tuple[str, int]:
-    if not await store.pause_queue(db.conn(), name, paused=paused):
+    if not await limits.pause_queue(db.conn(), name, paused=paused):
         raise NotFound("no such queue", queue=name)
     audit(f"queue.{'pause' if paused else 'resume'}", f"queue:{name}")
     return "", 204

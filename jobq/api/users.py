@@ -19,7 +19,7 @@ from jobq.api.audit import audit
 from jobq.api.auth import user_only
 from jobq.config import Settings
 from jobq.db import read_transaction, transaction, write_transaction
-from jobq.domain import exports, keys, reminders, users, webhooks
+from jobq.domain import creation, exports, keys, reminders, users, webhooks
 from jobq.domain.exports import Export
 from jobq.domain.keys import ApiKey
 from jobq.domain.reminders import NewReminder, Reminder, Reminders
@@ -128,8 +128,8 @@ async def create_reminder(user_id: int, data: NewReminder) -> tuple[Reminder, in
     occurrence or is over its budget (see `Recurrence`)."""
     limit = _settings().max_reminders_per_user
     now = clock.now()
-    worked_out = await reminders.plan_reminder(data, now=now)  # off the event loop
-    created = await reminders.schedule_reminder(
+    worked_out = await creation.plan_reminder(data, now=now)  # off the event loop
+    created = await creation.schedule_reminder(
         user_id, data, max_unsent=limit, now=now, worked_out=worked_out
     )
     return created, 201

@@ -20,7 +20,7 @@ from jobq.cli.tables import cell, table, to_json, utc
 from jobq.config import Settings
 from jobq.db import Database
 from jobq.errors import Conflict, NotFound
-from jobq.queue import dead, metrics, sql, store
+from jobq.queue import dead, limits, metrics, sql, store
 from jobq.queue.control import JobState, cancel, find, list_jobs
 from jobq.queue.leader.prune import BY_DAY, prune_finished
 from jobq.queue.model import Job
@@ -283,7 +283,7 @@ def per(limit: dict[str, float] | None) -> str | None:
 async def queues_list(args: argparse.Namespace, settings: Settings) -> int:
     """Every queue with its depth, running jobs, limits and paused state, as `GET /queues`."""
     async with db.transaction(readonly=True) as conn:
-        rows = await store.list_queues(conn, now=clock.now())
+        rows = await limits.list_queues(conn, now=clock.now())
     queues = [
         {
             "name": r["name"],
@@ -304,11 +304,11 @@ async def queues_list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def queues_pause(args: argparse.Namespace, settings: Settings) -> int:
-    """Pause or resume (`args.verb`) a queue for every worker (`store.pause_queue`).
+    """Pause or resume (`args.verb`) a queue for every worker (`limits.pause_queue`).
     Raises: `NotFound`."""
     paused = args.verb == "pause"
     async with db.transaction() as conn:
-        if not await store.pause_queue(conn, args.name, paused=paused):
+        if not await limits.pause_queue(conn, args.name, paused=paused):
             raise NotFound("no such queue", queue=args.name)
     audit(f"queue.{args.verb}", f"queue:{args.name}")
     text = f"queue {args.name} {'paused' if paused else 'resumed'}"

@@ -28,9 +28,9 @@ from jobq.cli.commands import OK, USAGE, emit
 from jobq.cli.tables import table
 from jobq.config import Settings
 from jobq.dashboard.format import count, rate, span
-from jobq.queue import dead, metrics, store
+from jobq.queue import dead, limits, metrics
 from jobq.queue.history import MIN_RATE_SPAN_S, RATE_EVENTS, Counts, rates
-from jobq.queue.holds import queue_holds
+from jobq.queue.limits import queue_holds
 
 RATE_COLUMNS = ("enq/s", "done/s", "fail/s")
 """The headings of the rates of `RATE_EVENTS` (enqueued, succeeded, failed)."""
@@ -50,13 +50,13 @@ async def workers(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def read(settings: Settings) -> dict[str, Any]:
-    """One reading for a frame: `now`, `queues` (`store.list_queues`, counted up to
+    """One reading for a frame: `now`, `queues` (`limits.list_queues`, counted up to
     `metrics.LIVE_COUNT_MAX` + 1, with `held` from the depth snapshot), `counts` (cumulative
     events per queue), `workers`, `dead` (counted up to the same cap) and the vacuum figures."""
     now = clock.now()
     cap = metrics.LIVE_COUNT_MAX
     async with db.transaction(readonly=True) as conn:
-        queues = await store.list_queues(conn, now=now, max_count=cap + 1)
+        queues = await limits.list_queues(conn, now=now, max_count=cap + 1)
         held = {q: h["held"] for q, h in (await queue_holds(conn, now=now)).items()}
         return {
             "now": now,

@@ -30,7 +30,7 @@ from jobq.errors import Conflict, NotFound
 from jobq.queue import control, dead
 from jobq.queue.control import JobState
 from jobq.queue.dead import DeadFilter
-from jobq.queue.holds import held_reasons
+from jobq.queue.limits import held_reasons
 
 SEARCH_TIMEOUT_MS = 3000
 """The longest a job search may take: a search for a type, a queue or arguments that only a
@@ -62,7 +62,7 @@ def _arguments(text: str | None) -> dict[str, Any] | None:
 
 
 async def _held(conn: Connection, jobs: list[control.JobView], now: datetime) -> dict[int, Any]:
-    """Why each queued, ripe job of `jobs` is held back (`holds.held_reasons`), by id."""
+    """Why each queued, ripe job of `jobs` is held back (`limits.held_reasons`), by id."""
     return await held_reasons(conn, [j.id for j in jobs if j.state is JobState.QUEUED], now=now)
 
 

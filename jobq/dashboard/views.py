@@ -26,9 +26,9 @@ from jobq.config import Settings
 from jobq.dashboard import format, session
 from jobq.dashboard.format import FILTERS
 from jobq.errors import NotFound
-from jobq.queue import dead, history, metrics, schedule, store
+from jobq.queue import dead, history, limits, metrics, schedule
 from jobq.queue.history import Counts, rates
-from jobq.queue.holds import queue_holds
+from jobq.queue.limits import queue_holds
 
 bp = Blueprint(
     "dashboard",
@@ -185,7 +185,7 @@ async def overview() -> Response:
     settings = _settings()
     now = clock.now()
     async with db.transaction(readonly=True) as conn:
-        queues = await store.list_queues(conn, now=now, max_count=MAX_DEPTH + 1)
+        queues = await limits.list_queues(conn, now=now, max_count=MAX_DEPTH + 1)
         holds = await queue_holds(conn, now=now)
         counts = await metrics.event_counts(conn)
         workers = await dead.list_workers(conn, now=now, heartbeat_grace=settings.heartbeat_grace)
@@ -214,9 +214,9 @@ async def overview() -> Response:
 @hide
 @session.login_only
 async def pause_queue(name: str, verb: str) -> Response:
-    """Pause or resume queue `name` for every worker (`store.pause_queue`). 404: no queue."""
+    """Pause or resume queue `name` for every worker (`limits.pause_queue`). 404: no queue."""
     async with db.transaction() as conn:
-        if not await store.pause_queue(conn, name, paused=verb == "pause"):
+        if not await limits.pause_queue(conn, name, paused=verb == "pause"):
             raise NotFound("no such queue", queue=name)
     audit(f"queue.{verb}", f"queue:{name}")
     return _back("dashboard.overview", done=f"{name}: {verb}d", _anchor="queues")

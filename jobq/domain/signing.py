@@ -26,7 +26,8 @@ from pathlib import Path
 from pydantic import SecretStr
 from standardwebhooks import Webhook
 
-from jobq.config import MIN_SECRET_BYTES, WEAK_SECRET, Settings, webhook_key
+from jobq.config import Settings
+from jobq.credentials import MIN_SECRET_BYTES, WEAK_SECRET, webhook_key
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from yarl import URL
 from jobq import clock
 from jobq.config import Settings
 from jobq.db import transaction
-from jobq.domain import reminders, shares, signing, webhooks
+from jobq.domain import deliveries, reminders, shares, signing, webhooks
 from jobq.errors import JobqError, Snooze, UnsafeWebhook
 from jobq.queue import JobContext, handler
 
@@ -182,7 +182,7 @@ async def send_reminder(args: SendReminderArgs, job: JobContext) -> None:
     settings: Settings = job.state["settings"]
     http: aiohttp.ClientSession = job.state["http"]
     occurrence = args.occurrence_at
-    delivery = await reminders.pending_delivery(args.reminder_id, recurring=occurrence is not None)
+    delivery = await deliveries.pending_delivery(args.reminder_id, recurring=occurrence is not None)
     if delivery is None:
         return  # sent by an earlier run, or deleted
     hold: int | None = None
@@ -204,6 +204,6 @@ async def send_reminder(args: SendReminderArgs, job: JobContext) -> None:
         msg_id = delivery_id(delivery.reminder_id, occurrence)
         hold = await deliver(http, delivery.webhook_url, body, settings=settings, msg_id=msg_id)
     if occurrence is None:
-        await reminders.mark_sent(args.reminder_id, attempts=job.attempt, hold_id=hold)
+        await deliveries.mark_sent(args.reminder_id, attempts=job.attempt, hold_id=hold)
     else:
-        await reminders.mark_occurrence_sent(args.reminder_id, occurrence, hold_id=hold)
+        await deliveries.mark_occurrence_sent(args.reminder_id, occurrence, hold_id=hold)

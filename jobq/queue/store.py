@@ -17,7 +17,7 @@ from jobq.db import conn as current_conn
 from jobq.errors import DuplicateJob
 from jobq.queue import metrics, sql
 from jobq.queue.model import ClaimedJob, Enqueued, Job, Outcome, Unique, Verdict
-from jobq.queue.registry import DEFAULT_QUEUE, QueueSpec, Registry, registry
+from jobq.queue.registry import DEFAULT_QUEUE, Registry, registry
 from jobq.queue.wakeup import wake_workers_after_commit
 
 Slots = int | Mapping[str, int]
@@ -379,40 +379,3 @@ async def prune_rates(conn: Connection, *, now: datetime) -> int:
     minute) at `now`; return how many rows went."""
     status = await sql.job_rate_prune.execute(conn, now=now)
     return int(status.split()[-1])
-
-
-async def declare_queues(conn: Connection, specs: Iterable[QueueSpec]) -> None:
-    """Write the limits of `specs` to `job_queue` (creating the queues unknown there), leaving
-    their paused state as it is. Raises: `asyncpg.PostgresError`."""
-    ordered = sorted(specs, key=lambda q: q.name)
-    await sql.job_queue_declare.execute(
-        conn,
-        names=[q.name for q in ordered],
-        max_running=[q.max_running for q in ordered],
-        max_running_per_key=[q.max_running_per_key for q in ordered],
-        rate_max_starts=[q.rate.max_starts if q.rate else None for q in ordered],
-        rate_periods=[q.rate.period if q.rate else None for q in ordered],
-        key_rate_max_starts=[
-            q.rate_per_key.max_starts if q.rate_per_key else None for q in ordered
-        ],
-        key_rate_periods=[q.rate_per_key.period if q.rate_per_key else None for q in ordered],
-    )
-
-
-async def pause_queue(conn: Connection, name: str, *, paused: bool) -> bool:
-    """Pause (`paused=True`) or resume queue `name` for every worker: a paused queue is
-    claimed by none (its running jobs finish; enqueueing still works). A resume wakes the
-    workers after the caller's commit. Return False for an unknown queue."""
-    found = await sql.job_queue_pause.fetchval(conn, name=name, paused=paused) is not None
-    if found and not paused:
-        wake_workers_after_commit()
-    return found
-
-
-async def list_queues(
-    conn: Connection, *, now: datetime, max_count: int | None = None
-) -> list[dict[str, Any]]:
-    """Return every queue by name: `paused`, its limits (None: none; periods as timedelta),
-    and its jobs `ripe` and `scheduled` (queued, ripe by `now` or not; each counted up to
-    `max_count`, None: all) and `running`."""
-    return [dict(r) for r in await sql.job_queue_list.fetch(conn, now=now, max_count=max_count)]

@@ -32,7 +32,7 @@ from typing import Any
 from jobq import clock, db, tracing
 from jobq.config import Settings
 from jobq.db import Database
-from jobq.queue import leader, metrics, schedule, sql, store
+from jobq.queue import leader, limits, metrics, schedule, sql, store
 from jobq.queue.completer import Completer
 from jobq.queue.executor import Executor, describe
 from jobq.queue.listener import Listener
@@ -115,7 +115,7 @@ class Worker:
         specs = self.handlers.queues()
         self._limited = {n for n in self.slots.capacity if has_limits(specs[n])}
         async with self.database.pool.acquire() as conn, conn.transaction():
-            await store.declare_queues(conn, specs.values())
+            await limits.declare_queues(conn, specs.values())
             await schedule.declare(conn, self.handlers.schedules(), now=clock.now())
         self.wakeups.open_hub(self.database.direct_dsn)
         self.id = await self.listener.connect(self.id)

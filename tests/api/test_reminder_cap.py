@@ -1,5 +1,5 @@
 """The cap on a user's unsent reminders holds exactly under concurrent creations, each on real
-connections of its own, and no creation waits for another's commit (`jobq.domain.reminders`,
+connections of its own, and no creation waits for another's commit (`jobq.domain.creation`,
 `sql/functions/reminder_hold_take.sql`)."""
 
 from __future__ import annotations
@@ -15,13 +15,8 @@ import pytest
 
 from jobq import clock, db, statements
 from jobq.db import Connection, Database
-from jobq.domain.reminders import (
-    HOLD_GRACE,
-    SEND_REMINDER,
-    NewReminder,
-    Reminder,
-    schedule_reminder,
-)
+from jobq.domain.creation import HOLD_GRACE, schedule_reminder
+from jobq.domain.reminders import SEND_REMINDER, NewReminder, Reminder
 from jobq.errors import LimitReached
 from jobq.queue import Job, enqueue_columns
 

@@ -43,7 +43,7 @@ import pytest
 
 from jobq import clock, db
 from jobq.db import Connection, Database
-from jobq.queue import Job, enqueue_many, store
+from jobq.queue import Job, enqueue_many, limits, store
 from jobq.queue.listener import CLAIM_SESSION
 from jobq.queue.model import Outcome, Verdict
 from jobq.queue.registry import QueueSpec
@@ -143,7 +143,7 @@ async def kept_claim(conn: Connection, r: Round) -> list[tuple[int, str | None]]
 
 
 async def current_prepare(conn: Connection) -> None:
-    await store.declare_queues(conn, [QueueSpec(QUEUE, max_running_per_key=LIMIT)])
+    await limits.declare_queues(conn, [QueueSpec(QUEUE, max_running_per_key=LIMIT)])
     now = clock.now()
     await enqueue_many(
         Job(job_type="work", arguments={"n": n}, queue=QUEUE, concurrency_key=key).runs_at(

@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from jobq.db import Connection
-from jobq.queue import Job, enqueue_many, store
+from jobq.queue import Job, enqueue_many, limits, store
 from jobq.queue.model import Outcome, Verdict
 from jobq.queue.registry import QueueSpec, Rate
 
@@ -105,7 +105,7 @@ async def test_the_claim_takes_exactly_the_jobs_the_rule_names(
     conn: Connection, spec: QueueSpec
 ) -> None:
     rng = random.Random(20261123)
-    await store.declare_queues(conn, [spec])
+    await limits.declare_queues(conn, [spec])
     jobs = []
     for n in range(400):
         key = rng.choices(KEYS, WEIGHTS)[0]

@@ -25,7 +25,7 @@ from jobq import clock, db
 from jobq.config import Settings
 from jobq.db import Connection, transaction
 from jobq.jobs import declare_queues
-from jobq.queue import Job, JobContext, Registry, Worker, enqueue, enqueue_many, store
+from jobq.queue import Job, JobContext, Registry, Worker, enqueue, enqueue_many, limits, store
 from jobq.queue.registry import Rate
 from tests import claim_log
 from tests.queue.conftest import NewWorker
@@ -180,7 +180,7 @@ async def test_a_pause_stops_every_worker_from_its_commit_on(
         producer = asyncio.create_task(produce(stop_producing))
         await eventually(lambda: len(gate.entered) == 3 and len(finished) >= 20, within=WAIT_S)
         async with transaction():
-            assert await store.pause_queue(db.conn(), "work", paused=True)
+            assert await limits.pause_queue(db.conn(), "work", paused=True)
         paused_at = clock.now()  # after the commit
         at_pause = enqueued
         gate.release()  # the jobs running at the pause finish normally
@@ -200,7 +200,7 @@ async def test_a_pause_stops_every_worker_from_its_commit_on(
         assert queued >= 50  # enqueued while paused, and waiting
 
         async with transaction():
-            assert await store.pause_queue(db.conn(), "work", paused=False)
+            assert await limits.pause_queue(db.conn(), "work", paused=False)
         await eventually(lambda: len(finished) == enqueued, within=WAIT_S)
     assert await claims.fetchval("SELECT count(*) FROM job") == 0
 

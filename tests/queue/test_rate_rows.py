@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 
 from jobq import db
 from jobq.db import Connection, Database
-from jobq.queue import ClaimedJob, Job, enqueue_many, store
+from jobq.queue import ClaimedJob, Job, enqueue_many, limits, store
 from jobq.queue.registry import QueueSpec, Rate
 from tests.claim_log import max_starts_in_window
 
@@ -63,7 +63,7 @@ async def test_a_claim_that_no_key_can_stop_writes_one_row_with_its_keys(
         rate=Rate(1000, SECOND),
         rate_per_key=Rate(100, SECOND),
     )
-    await store.declare_queues(conn, [spec])
+    await limits.declare_queues(conn, [spec])
     await enqueue_keyed(["a", "b", None, "a", "c", "a", None, "b"] * 3)
     claimed = await claim_at(conn, T0, 16)
     assert len(claimed) == 16
@@ -74,7 +74,7 @@ async def test_a_claim_that_no_key_can_stop_writes_one_row_with_its_keys(
 async def test_starts_folded_into_one_row_hold_their_key_back_until_they_leave_its_window(
     conn: Connection,
 ) -> None:
-    await store.declare_queues(conn, [QueueSpec(QUEUE, rate_per_key=Rate(3, SECOND))])
+    await limits.declare_queues(conn, [QueueSpec(QUEUE, rate_per_key=Rate(3, SECOND))])
     await enqueue_keyed(["k"] * 6 + ["j"] * 4)
     # 0 starts + a budget of 3 cannot exceed 3 per key: one row, the keys folded
     first = await claim_at(conn, T0, 3)
@@ -96,7 +96,7 @@ async def test_a_key_filled_by_one_folded_claim_is_a_full_window_for_the_timer(
     conn: Connection,
 ) -> None:
     """Every start of the window is of one key: the folded row alone fills the key's window."""
-    await store.declare_queues(conn, [QueueSpec(QUEUE, rate_per_key=Rate(2, SECOND))])
+    await limits.declare_queues(conn, [QueueSpec(QUEUE, rate_per_key=Rate(2, SECOND))])
     await enqueue_keyed(["k"] * 3)
     assert len(await claim_at(conn, T0, 2)) == 2
     assert await rate_rows(conn) == [("", 2, ["k", "k"])]
@@ -112,7 +112,7 @@ async def test_per_key_rates_hold_when_claims_switch_between_the_two_ways(
     period = timedelta(seconds=2)
     max_per_key = 6
     spec = QueueSpec(QUEUE, rate=Rate(40, SECOND), rate_per_key=Rate(max_per_key, period))
-    await store.declare_queues(conn, [spec])
+    await limits.declare_queues(conn, [spec])
     keys = [f"k{n % 5}" for n in range(600)]
     await enqueue_keyed(list(keys))
     claimers = [await db.connect(database.direct_dsn) for _ in range(4)]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from jobq.db import Connection
-from jobq.queue import ClaimedJob, Job, enqueue_many, store
+from jobq.queue import ClaimedJob, Job, enqueue_many, limits, store
 from jobq.queue.registry import QueueSpec, Rate
 
 T0 = datetime(2030, 6, 1, 12, 0, tzinfo=UTC)
@@ -37,7 +37,7 @@ def most_in_a_window(starts: list[datetime]) -> int:
 async def test_a_claim_timed_before_the_last_one_counts_from_the_last_one(
     conn: Connection,
 ) -> None:
-    await store.declare_queues(conn, [QueueSpec(QUEUE, rate_per_key=Rate(2, PERIOD))])
+    await limits.declare_queues(conn, [QueueSpec(QUEUE, rate_per_key=Rate(2, PERIOD))])
     ripe_at = T0 - timedelta(minutes=1)
     jobs = [
         Job(job_type="noop", arguments={"n": n}, queue=QUEUE, concurrency_key="k") for n in range(6)
