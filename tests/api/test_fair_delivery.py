@@ -97,13 +97,10 @@ async def test_eight_slow_users_hold_their_shares_and_another_is_delivered_on_ti
             dns[f"slow-{i}.test"] = ["127.0.0.2"]
             urls.append(f"http://slow-{i}.test:{shared.port}/hook")
         urls += [f"http://{hook.address}:{hook.port}/hook" for hook in alone]
-        due = clock.now() + timedelta(seconds=5)  # after they are all created, on a slow machine
-        for i, url in enumerate(urls):
+        for i, url in enumerate(urls):  # each due 5 s after it is made: after the others too
             user = await create_user(client, f"Slow {i}", f"slow{i}@example.com", webhook_url=url)
             for n in range(3):
-                await create_reminder(
-                    client, user["id"], message=f"slow {n}", remind_at=due.isoformat()
-                )
+                await create_reminder(client, user["id"], message=f"slow {n}", remind_in_seconds=5)
         other = await create_user(client, "Other", "other@example.com", webhook_url=receiver.url)
 
         async with running_workers(make_worker, settings, 2):
@@ -113,10 +110,11 @@ async def test_eight_slow_users_hold_their_shares_and_another_is_delivered_on_ti
 
             await eventually(held, within=15, what="the slow users' shares")
             act_as(client, other)
-            remind_at = clock.now() + timedelta(seconds=0.5)
-            await create_reminder(
-                client, other["id"], message="on time", remind_at=remind_at.isoformat()
+            # Due 0.5 s after the server reads its clock: a slow request cannot make it past.
+            made = await create_reminder(
+                client, other["id"], message="on time", remind_in_seconds=0.5
             )
+            remind_at = datetime.fromisoformat(made["remind_at"])
             assert await receiver.wait_delivered(1, timeout_s=TOTAL_TIMEOUT_S * 2)
             [[delivery]] = receiver.deliveries.values()
             arrived = datetime.fromtimestamp(delivery.received_s, UTC)
