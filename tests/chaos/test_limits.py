@@ -51,7 +51,7 @@ from tests.chaos.helpers import (
 from tests.chaos.journal import Analysis
 from tests.toolkit.handlers import JOB_TYPE
 from tests.toolkit.postgres import PostgresInstance
-from tests.toolkit.procs import Procs, check_running, registered
+from tests.toolkit.procs import Procs, check_running, registered, stop_workers
 
 pytestmark = pytest.mark.chaos
 
@@ -238,9 +238,7 @@ async def test_per_key_concurrency_and_rate_limits_hold_through_sigkills_and_a_r
         spawned += 1
     drain_s = time.monotonic() - started
 
-    for proc in live:
-        proc.send(signal.SIGTERM)
-    exit_codes = [await proc.exit_code(within=10) for proc in live]
+    exit_codes = await stop_workers(conn, live, within=10)
 
     analysis, figures, assert_invariants = await verify(conn, database_url, ids, dict(kills))
     limits = limit_figures(analysis, limited.RATE_PER_KEY.period, keyed)

@@ -42,7 +42,7 @@ from tests.chaos import journal
 from tests.chaos.helpers import WORKER_ENV, emit, settings_of, utcnow, verify
 from tests.chaos.journal import Analysis, seconds
 from tests.toolkit.postgres import PostgresInstance
-from tests.toolkit.procs import Procs, check_running, eventually, registered
+from tests.toolkit.procs import Procs, check_running, eventually, registered, stop_workers
 
 pytestmark = pytest.mark.chaos
 
@@ -219,9 +219,7 @@ async def test_schedules_make_each_occurrence_once_on_time_through_sigkills_and_
     await eventually(
         settled, within=SETTLE_S, what="the window's jobs to run", running=tuple(live), every=0.2
     )
-    for proc in live:
-        proc.send(signal.SIGTERM)
-    exit_codes = [await proc.exit_code(within=15) for proc in live]
+    exit_codes = await stop_workers(conn, live, within=15)
 
     made = await occurrences(conn)
     expected = [(f"{PREFIX}{n}", s) for n in range(SCHEDULES) for s in range(first_s, last_s + 1)]

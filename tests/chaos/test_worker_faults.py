@@ -33,7 +33,7 @@ from tests.chaos.helpers import (
     verify,
 )
 from tests.chaos.journal import Analysis, seconds
-from tests.toolkit.procs import Procs, eventually
+from tests.toolkit.procs import Procs, eventually, stop_workers
 
 pytestmark = pytest.mark.chaos
 
@@ -145,9 +145,7 @@ async def test_repeated_sigkill_loses_nothing_and_reruns_only_the_killed_workers
         await sampler
         await sampler_conn.close()
 
-    for proc in live:
-        proc.send(signal.SIGTERM)
-    exit_codes = [await proc.exit_code(within=10) for proc in live]
+    exit_codes = await stop_workers(conn, live, within=10)
 
     died_at = dict(kills)
     analysis, figures, assert_invariants = await verify(conn, database_url, ids, died_at)

@@ -48,7 +48,7 @@ from tests.chaos.helpers import WORKER_ENV, emit, settings_of, verify
 from tests.chaos.test_limits import restart
 from tests.toolkit.handlers import JOB_TYPE
 from tests.toolkit.postgres import PostgresInstance
-from tests.toolkit.procs import Procs, check_running, registered
+from tests.toolkit.procs import Procs, check_running, registered, stop_workers
 
 pytestmark = pytest.mark.chaos
 
@@ -251,9 +251,7 @@ async def test_workflows_hold_their_dependencies_through_sigkills_and_a_restart(
     await sequences
     finish_s = time.monotonic() - started
 
-    for proc in live:
-        proc.send(signal.SIGTERM)
-    exit_codes = [await proc.exit_code(within=10) for proc in live]
+    exit_codes = await stop_workers(conn, live, within=10)
 
     ids = sorted({i for m in made for i in m.job_ids} | {i for o in orders.values() for i in o})
     analysis, figures, assert_invariants = await verify(conn, database_url, set(ids), dict(kills))

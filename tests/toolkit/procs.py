@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -282,6 +282,19 @@ async def registered(conn: Connection, proc: Proc) -> int:
     return await eventually(
         worker_id, within=START_S, what=f"{proc.name} to register", running=(proc,), every=0.02
     )
+
+
+async def stop_workers(conn: Connection, workers: Sequence[Proc], *, within: float) -> list[int]:
+    """SIGTERM every worker of `workers` (a graceful stop: each drains and exits 0) once each has
+    registered, and return their exit codes, each waited for up to `within` seconds. A worker
+    respawned just before the end may still be starting its interpreter: a SIGTERM then ends it
+    by the signal's default action (exit -15) before any code of jobq's runs, so it is first
+    waited for (`registered`: its handlers are installed by then)."""
+    for proc in workers:
+        await registered(conn, proc)
+    for proc in workers:
+        proc.send(signal.SIGTERM)
+    return [await proc.exit_code(within=within) for proc in workers]
 
 
 async def http_ready(port: int, proc: Proc, path: str = "/health") -> None:
