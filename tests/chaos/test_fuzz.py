@@ -13,6 +13,12 @@ schemathesis generated (none, or a wrong one: a 401). Every response must pass:
   `response_schema_conformance`: the status, media type, headers and body are documented;
 - `negative_data_rejection`: a request that breaks the document gets a 4xx.
 
+A long-poll's `wait` (up to 60 s, on `GET /jobs/<id>` and `GET /exports/<id>`) that fits the
+document is cut to `WAIT_S`: a seeded reminder's job stays queued for an hour, and a wait on it
+would hold the example for the whole `wait` (beyond the client's timeout; hypothesis then
+shrinks that "failure" with more such waits). Waits that break the document are sent as
+generated. `tests/api` tests what a long wait answers.
+
 `JOBQ_FUZZ_EXAMPLES` (default 150) bounds the examples per operation and mode. One JSON line
 summarises the run; it is printed and appended to `.chaos/results.jsonl`.
 """
@@ -59,6 +65,8 @@ pytestmark = pytest.mark.chaos
 
 EXAMPLES = int(os.environ.get("JOBQ_FUZZ_EXAMPLES", "150"))
 """Examples per operation and generation mode."""
+WAIT_S = 0.2
+"""The longest long-poll `wait` sent (seconds): a longer one that fits the document is cut to it."""
 CHECKS = [
     not_a_server_error,
     status_code_conformance,
@@ -195,6 +203,9 @@ def examples(
         elif token and "api_key" in schemes:
             key = seeded.key_for(dict(case.path_parameters or {}))
             case.headers["Authorization"] = f"Bearer {key}"
+        wait = (case.query or {}).get("wait")
+        if isinstance(wait, int | float) and not isinstance(wait, bool) and WAIT_S < wait <= 60:
+            case.query["wait"] = WAIT_S  # fits the document still; see the module's docstring
         response = case.call(base_url=base_url, session=session, timeout=30)
         tally.examples += 1
         tally.statuses[response.status_code] += 1
