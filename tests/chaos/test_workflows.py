@@ -2,7 +2,9 @@
 SIGKILLs of workers and a database restart (guarantee 16).
 
 4 real `python -m jobq worker` processes (8 slots each) run, while one of them is SIGKILLed
-(and replaced) every ~2 s and the suite's PostgreSQL is restarted once:
+(and replaced) every 1 to 2 s, or sooner once a fifteenth of the jobs have started since the
+last kill (so a fast machine sees as many kills as a slow one), and the suite's PostgreSQL is
+restarted once:
 
 - 200 workflows of 10 `recorded` steps: a root; 6 steps after it (the 5th after the 4th); a
   join after 3 of them; a callback after the 8 before it that runs whatever their outcomes; a
@@ -60,6 +62,8 @@ SEQUENCE_CHUNK = 5
 WORKERS = 4
 SLEEP_S = (0.0, 0.3)
 KILL_EVERY_S = (1.0, 2.0)
+KILL_EVERY_JOBS = (WORKFLOWS * 10 + FANOUT + 2 + SEQUENCES * SEQUENCE_JOBS) // 15
+"""A kill comes at the latest once this many executions have started since the last one."""
 RESTART_AFTER_S = 8.0
 FINISH_WITHIN_S = 110.0
 
@@ -197,6 +201,16 @@ async def flow_figures(
     }
 
 
+async def until_next_kill(conn: Connection, seconds: float) -> None:
+    """Wait `seconds`, or less: until `KILL_EVERY_JOBS` executions have started meanwhile."""
+    deadline = time.monotonic() + seconds
+    before: int = await conn.fetchval("SELECT count(*) FROM execution")
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+        if await conn.fetchval("SELECT count(*) FROM execution") - before >= KILL_EVERY_JOBS:
+            return
+
+
 @pytest.mark.timeout(300)
 async def test_workflows_hold_their_dependencies_through_sigkills_and_a_restart(
     procs: Procs,
@@ -221,7 +235,7 @@ async def test_workflows_hold_their_dependencies_through_sigkills_and_a_restart(
     while not sequences.done() or await conn.fetchval(REMAINING, JOB_TYPE) > 0:
         elapsed = time.monotonic() - started
         assert elapsed < FINISH_WITHIN_S, f"the workflows did not end in {FINISH_WITHIN_S:g} s"
-        await asyncio.sleep(rng.uniform(*KILL_EVERY_S))
+        await until_next_kill(conn, rng.uniform(*KILL_EVERY_S))
         check_running(tuple(p for p in live if p.worker_id is not None))
         if not restarted and time.monotonic() - started >= RESTART_AFTER_S:
             for proc in live:
