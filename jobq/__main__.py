@@ -95,14 +95,22 @@ async def serve_app(app: Any, settings: Settings, fd: int | None = None) -> None
     """Serve the ASGI `app` with hypercorn (`http_config`) on `settings.http_host:http_port`
     (or the listening socket `fd`) until SIGTERM/SIGINT, then shut it down: requests in
     progress get the drain timeout, the app's own stop (its worker's drain) the drain timeout
-    plus 10 s."""
+    plus 10 s. At the signal, the requests that wait on a job (`?wait=`) answer at once with
+    the job as it is (`jobq.queue.control.drain_waits`)."""
     from hypercorn.asyncio import serve as hypercorn_serve
+
+    from jobq.queue.control import drain_waits
 
     config = http_config(settings)
     config.bind = [f"fd://{fd}" if fd is not None else f"{settings.http_host}:{settings.http_port}"]
     stop = asyncio.Event()
     _signals(stop)
-    await hypercorn_serve(app, config, shutdown_trigger=stop.wait)
+
+    async def shutdown() -> None:
+        await stop.wait()
+        drain_waits()
+
+    await hypercorn_serve(app, config, shutdown_trigger=shutdown)
 
 
 def supervise(settings: Settings) -> int:

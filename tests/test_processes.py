@@ -5,7 +5,8 @@
 - SIGTERM and SIGINT stop a worker gracefully: running jobs drain, or past the drain timeout
   go back to the queue without charging an attempt (guarantee 7);
 - `serve` (what `make run` does) delivers a reminder to a real webhook receiver, signed and on
-  time, and stops with exit code 0.
+  time, and stops with exit code 0;
+- at `serve`'s SIGTERM a long poll (`?wait=`) answers at once with the job as it is.
 
 The subprocesses (`tests.toolkit.procs.Procs`) get every setting in their environment
 (`DATABASE_URL` of the session's test database, fast timers), never from a `.env`; their jobs are
@@ -18,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -28,6 +29,7 @@ import pytest
 from jobq.db import Connection, Database
 from jobq.queue import Enqueued, Job, enqueue
 from jobq.queue.sql import WORKER_LOCK_CLASS
+from tests.api.conftest import ADMIN, ADMIN_TOKEN
 from tests.toolkit.handlers import EXECUTION_TABLE, JOB_TYPE
 from tests.toolkit.procs import (
     WEBHOOK_SECRET,
@@ -359,4 +361,38 @@ async def test_serve_delivers_a_reminder_to_a_webhook_on_time_and_stops_on_sigte
         assert len(receiver.requests) == 1
 
     server.popen.send_signal(signal.SIGTERM)
+    assert await server.exit_code(within=15) == 0
+
+
+async def test_a_long_poll_answers_with_the_job_as_it_is_when_serve_stops(
+    procs: Procs, database: Database
+) -> None:
+    """SIGTERM while `GET /jobs/<id>?wait=60` waits on a job that will not end: the wait ends
+    at once with the job as it is (200, `scheduled`), not at the drain timeout's cut."""
+    server, port = await procs.serve(
+        "server",
+        {
+            "JOBQ_RUN_WORKERS": "false",
+            "JOBQ_ADMIN_TOKEN": ADMIN_TOKEN,
+            "JOBQ_DRAIN_TIMEOUT_S": "30",
+            "JOBQ_LOG_LEVEL": "INFO",
+        },
+    )
+    later = datetime.now(UTC) + timedelta(hours=1)
+    job = await enqueue(Job(job_type=JOB_TYPE, arguments={"n": 1}, ripe_at=later))
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+        waiting = asyncio.create_task(http.get(f"/jobs/{job.id}?wait=60", headers=ADMIN))
+
+        async def awaited() -> bool:
+            marked = await database.pool.fetchval("SELECT awaited FROM job WHERE id = $1", job.id)
+            return bool(marked)
+
+        await eventually(awaited, within=10, what="the long poll to wait", running=(server,))
+        stopping = time.monotonic()
+        server.popen.send_signal(signal.SIGTERM)
+        response = await waiting
+        answered_s = time.monotonic() - stopping
+    assert response.status_code == 200, response.text
+    assert response.json()["state"] == "scheduled"
+    assert answered_s < 20  # the drain timeout (30 s) would have cut it, with a 500
     assert await server.exit_code(within=15) == 0

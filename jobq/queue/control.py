@@ -235,13 +235,14 @@ class Waiters:
     """One listener connection of a process (`direct_dsn`: LISTEN needs a session) on
     `jobq_done`, and the events of the tasks waiting for each job id. Connected at the first
     wait; a lost connection wakes every waiter (each then looks at its job) and is replaced at
-    the next wait."""
+    the next wait. Once `drain`ed (the server stops), every wait ends at its next look."""
 
     def __init__(self, database: Database) -> None:
         self._database = weakref.ref(database)
         self._events: dict[int, set[asyncio.Event]] = {}
         self._listener: asyncpg.Connection[asyncpg.Record] | None = None
         self._connecting = asyncio.Lock()
+        self.draining = False
 
     async def subscribe(self, job_id: int) -> asyncio.Event:
         """Return an event set when job `job_id` ends (or the listener is lost), listening
@@ -273,6 +274,15 @@ class Waiters:
 
     def _on_lost(self, *_: object) -> None:
         self._listener = None
+        self._wake_all()
+
+    def drain(self) -> None:
+        """End every wait, now and from now on, at its next look at its job: a request that
+        waits answers with the job as it is, within the server's drain timeout."""
+        self.draining = True
+        self._wake_all()
+
+    def _wake_all(self) -> None:
         for waiting in self._events.values():
             for event in waiting:
                 event.set()
@@ -285,6 +295,12 @@ class Waiters:
 
 
 _waiters: weakref.WeakKeyDictionary[Database, Waiters] = weakref.WeakKeyDictionary()
+
+
+def drain_waits() -> None:
+    """End the waits of this process (`Waiters.drain`): its server is stopping."""
+    for registry in list(_waiters.values()):
+        registry.drain()
 
 
 def waiters(database: Database) -> Waiters:
@@ -337,7 +353,7 @@ async def watch(
             job = await _mark_awaited(database, job_id)
             yield job
             remaining = deadline - loop.time()
-            if job.state.finished or remaining <= 0:
+            if job.state.finished or remaining <= 0 or registry.draining:
                 return
             try:
                 async with asyncio.timeout(remaining):
