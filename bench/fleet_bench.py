@@ -42,7 +42,7 @@ import psutil  # type: ignore[import-untyped]
 from bench import children
 from bench.context import Context, Figures
 from bench.handlers import NOOP, STAMP, TABLES_SQL
-from bench.harness import wait_drained
+from bench.harness import cpu_s, server_cpu_s, wait_drained
 from bench.loadgen import percentile
 from jobq import db
 from jobq.config import Settings
@@ -78,25 +78,6 @@ WORKER_ENV = {
 }
 
 
-def _cpu_s(processes: list[psutil.Process]) -> float:
-    """CPU seconds (user + system) of `processes`, those still alive."""
-    total = 0.0
-    for process in processes:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            times = process.cpu_times()
-            total += times.user + times.system
-    return total
-
-
-def server_cpu_s(postmaster: psutil.Process) -> float:
-    """CPU seconds (user + system) of the server: the postmaster, its reaped children, and its
-    children alive now."""
-    reaped = postmaster.cpu_times()
-    return float(reaped.children_user + reaped.children_system) + _cpu_s(
-        [postmaster, *postmaster.children()]
-    )
-
-
 def kdamond_cpu_s() -> float | None:
     """CPU seconds of the kernel's DAMON threads (`kdamond.*`), or None where none runs. On a
     kernel without preemption of kernel code (PREEMPT_NONE, as on the Firecracker VM these
@@ -104,7 +85,7 @@ def kdamond_cpu_s() -> float | None:
     process woken there waits until the burst yields: its share of a core during the pickup
     runs is printed next to their p99 (README, "The fleet")."""
     threads = [p for p in psutil.process_iter(["name"]) if p.info["name"].startswith("kdamond")]
-    return _cpu_s(threads) if threads else None
+    return cpu_s(threads) if threads else None
 
 
 class Meter:

@@ -147,6 +147,40 @@ async def wait_drained(
         await asyncio.sleep(0.01 if row["queued"] is not None else 0.001)
 
 
+def cpu_s(processes: list[psutil.Process]) -> float:
+    """CPU seconds (user + system) of `processes`, those still alive."""
+    total = 0.0
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = process.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def server_cpu_s(postmaster: psutil.Process) -> float:
+    """CPU seconds (user + system) of the server: the postmaster, its reaped children, and its
+    children alive now."""
+    reaped = postmaster.cpu_times()
+    return float(reaped.children_user + reaped.children_system) + cpu_s(
+        [postmaster, *postmaster.children()]
+    )
+
+
+async def postmaster(conn: db.Connection) -> psutil.Process | None:
+    """The server's postmaster (the parent of `conn`'s backend), or None when the server is
+    not a process of this machine that this one may read."""
+    pid: int = await conn.fetchval("SELECT pg_backend_pid()")
+    try:
+        backend = psutil.Process(pid)
+        parent: psutil.Process | None = backend.parent()
+        if backend.name() != "postgres" or parent is None:
+            return None  # a process of this machine that has the remote backend's pid
+        parent.cpu_times()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+    return parent
+
+
 def rss_mb(pid: int) -> tuple[float, float]:
     """(current RSS, peak RSS) of process `pid` in MiB: VmRSS and VmHWM from /proc on Linux;
     elsewhere psutil's RSS for both (the caller samples it to find the peak)."""

@@ -18,6 +18,12 @@ One line per user count (`USER_COUNTS`: 1, then 100), each measured thus on a fr
    later, so that the workers deliver them while the load goes on: a `WARM_UP_S` warm-up, then
    `DURATION_S` measured.
 
+Where the CPU goes, when the server is a process of this machine: `cpu_ms_web`,
+`cpu_ms_worker`, `cpu_ms_app` (the supervisor) and `cpu_ms_db` (the server's processes) per
+reminder created in the measured load, counted over it (the deliveries run beside it); and
+`bare_cpu_ms_app` and `bare_cpu_ms_db` per bare request, the mean of the two measures around
+the line. The load generator and the receiver (this process) are not counted.
+
 Figures: `created_per_s` (201 answers per second of the measured load), `p50_ms`/`p99_ms`
 (latency of its answers), `errors` (other answers, transport errors, timeouts);
 `ratio_to_bare` = `created_per_s` / `bare_req_per_s`. `delivered_per_s_during_load`: first
@@ -32,13 +38,17 @@ delivered within `DELIVERY_WAIT_S`; `duplicates`: reminders delivered more than 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
 from collections.abc import Callable
 
+import psutil  # type: ignore[import-untyped]
+
 from bench import loadgen
 from bench.context import Context, Figures
+from bench.harness import postmaster, server_cpu_s
 from bench.loadgen import Request, closed_loop, percentile
 from tests.toolkit.procs import Proc, check_running, free_port, http_ready
 from tests.toolkit.receiver import WebhookReceiver
@@ -101,6 +111,40 @@ def reminder_request(users: list[BenchUser], i: int) -> Request:
     return Request.json("POST", f"/users/{user_id}/reminders", body, key=key)
 
 
+class CpuMeter:
+    """CPU seconds (user + system) of the served process `served` (a pid) and its children by
+    role, and of the database server's processes (`db`; none when `server` is None)."""
+
+    def __init__(self, served: int, server: psutil.Process | None) -> None:
+        self.served = served
+        self.server = server
+
+    def read(self) -> dict[str, float]:
+        """CPU seconds so far: `web` (`serve` processes), `worker`, `app` (the served process
+        itself, unless it is one of those), `db`."""
+        root = psutil.Process(self.served)
+        spent: dict[str, float] = {}
+        for process in [root, *root.children()]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                command = " ".join(process.cmdline())
+                times = process.cpu_times()
+                role = "web" if " serve" in command else "worker" if " worker" in command else "app"
+                spent[role] = spent.get(role, 0.0) + times.user + times.system
+        if self.server is not None:
+            spent["db"] = server_cpu_s(self.server)
+        return spent
+
+    @staticmethod
+    def per(count: int, before: dict[str, float], after: dict[str, float], prefix: str) -> Figures:
+        """`<prefix><role>`: the milliseconds of CPU each role spent per one of `count`."""
+        return {
+            f"{prefix}{role}": round(
+                (after[role] - before.get(role, 0.0)) * 1000 / max(count, 1), 3
+            )
+            for role in sorted(after)
+        }
+
+
 async def http_reminders(ctx: Context) -> list[Figures]:
     """One line per user count. The bare endpoint is measured before and after each user
     count's load; each line's `bare_req_per_s` is the mean of the two measures around it (the
@@ -114,29 +158,35 @@ async def http_reminders(ctx: Context) -> list[Figures]:
         JOBQ_HTTP_PORT=str(port),
         JOBQ_LOG_LEVEL=RUN_ENV["JOBQ_LOG_LEVEL"],
     )
+    async with ctx.connection() as conn:
+        server = await postmaster(conn)
     lines = []
     try:
         await http_ready(port, bare_server)
         await _load(port, bare_server, _bare_request, WARM_UP_S)
-        bare = [await _bare(port, bare_server)]
+        bare_meter = CpuMeter(bare_server.pid, server)
+        bare = [await _bare(port, bare_server, bare_meter)]
         for users in USER_COUNTS:
-            line = await _reminders(ctx, users)
-            bare.append(await _bare(port, bare_server))
-            line["bare_req_per_s"] = round((bare[-2] + bare[-1]) / 2, 1)
+            line = await _reminders(ctx, users, server)
+            bare.append(await _bare(port, bare_server, bare_meter))
+            (rate, cpu), (rate_after, cpu_after) = bare[-2:]
+            line["bare_req_per_s"] = round((rate + rate_after) / 2, 1)
             line["ratio_to_bare"] = round(line["created_per_s"] / line["bare_req_per_s"], 3)
+            line.update({name: round((cpu[name] + cpu_after[name]) / 2, 3) for name in cpu})
             lines.append(line)
     finally:
         await bare_server.stop()
     return lines
 
 
-async def _reminders(ctx: Context, users_count: int) -> Figures:
-    """Reminder creations for `users_count` users against `python -m jobq run`."""
+async def _reminders(ctx: Context, users_count: int, server: psutil.Process | None) -> Figures:
+    """Reminder creations for `users_count` users against `python -m jobq run` (the database
+    server's processes: `server`)."""
     await ctx.database.reset()
     receiver = WebhookReceiver(secret=WEBHOOK_SECRET)
     await receiver.start()
     port = free_port()
-    server = ctx.spawn(
+    served = ctx.spawn(
         "run",
         f"run-{users_count}-users",
         JOBQ_HTTP_HOST="127.0.0.1",
@@ -154,17 +204,20 @@ async def _reminders(ctx: Context, users_count: int) -> Figures:
         return on_response
 
     try:
-        await http_ready(port, server)
+        await http_ready(port, served)
         users = await create_users(port, users_count, receiver.url)
-        await _load(port, server, lambda i: reminder_request(users, i), WARM_UP_S, collect(warm))
+        await _load(port, served, lambda i: reminder_request(users, i), WARM_UP_S, collect(warm))
+        meter = CpuMeter(served.pid, server)
+        cpu = meter.read()
         load_start = time.time()
         result = await _load(
-            port, server, lambda i: reminder_request(users, i), DURATION_S, collect(created)
+            port, served, lambda i: reminder_request(users, i), DURATION_S, collect(created)
         )
         load_end = time.time()
+        cpu_per_reminder = CpuMeter.per(len(created), cpu, meter.read(), "cpu_ms_")
         await receiver.wait_delivered(len(warm) + len(created), timeout_s=DELIVERY_WAIT_S)
     finally:
-        await server.stop()
+        await served.stop()
         await receiver.close()
     first = {rid: got[0] for rid, got in receiver.deliveries.items()}
     arrived = [first[rid] for rid in created if rid in first]
@@ -186,6 +239,7 @@ async def _reminders(ctx: Context, users_count: int) -> Figures:
         "lost": len(created) - len(arrived),
         "duplicates": sum(1 for got in receiver.deliveries.values() if len(got) > 1),
         "bad_signatures": receiver.bad_signatures,
+        **cpu_per_reminder,
     }
 
 
@@ -221,10 +275,13 @@ def _bare_request(i: int) -> Request:
     return Request.json("POST", "/bare", {"message": f"bench {i}"})
 
 
-async def _bare(port: int, server: Proc) -> float:
+async def _bare(port: int, server: Proc, meter: CpuMeter) -> tuple[float, Figures]:
     """The bare endpoint's 201 answers per second under the same load for `BARE_DURATION_S`,
-    served as `run` serves the app (one process, on uvloop, with its access log)."""
+    served as `run` serves the app (one process, on uvloop, with its access log), and the CPU
+    per request (`meter`: `bare_cpu_ms_app`, `bare_cpu_ms_db`)."""
+    cpu = meter.read()
     result = await _load(port, server, _bare_request, BARE_DURATION_S)
     if result.statuses[201] != result.answered or result.errors:
         raise RuntimeError(f"the bare endpoint failed: {result.summary()}")
-    return result.statuses[201] / result.elapsed_s
+    answered = result.statuses[201]
+    return answered / result.elapsed_s, CpuMeter.per(answered, cpu, meter.read(), "bare_cpu_ms_")

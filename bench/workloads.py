@@ -62,7 +62,9 @@ WORKLOADS: dict[str, Spec] = {
         runs=1,
         about="32 connections create reminders for 1 user, then for 100, for 30 s each against"
         " `jobq run` (access log on, rate limit and caps lifted) while its workers deliver"
-        " them; before each, the bare endpoint (one INSERT) served the same way for 5 s",
+        " them; before each, the bare endpoint (one INSERT) served the same way for 5 s;"
+        " `cpu_ms_*`: each role's CPU per reminder (web, worker, supervisor, database server),"
+        " `bare_cpu_ms_*` per bare request",
     ),
     # its figures are ratios within a run; starting 50 worker processes takes a minute or two
     "fleet": Spec(

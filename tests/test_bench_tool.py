@@ -1,6 +1,7 @@
 """The benchmark tool (`python -m bench`): interrupted, it leaves no process behind; its report
 puts a baseline's figures and ratios beside this revision's; a baseline runs in a worktree of
-its own, with its own code, removed at the end."""
+its own, with its own code, removed at the end; the HTTP workload's CPU meter counts each role
+of the served processes and the database server apart."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from pathlib import Path
 import psutil  # type: ignore[import-untyped]
 import pytest
 
-from bench import baseline, report
+from bench import baseline, harness, report
+from bench.http_bench import CpuMeter
 from jobq.config import PROJECT_ROOT
+from jobq.db import Connection
 from tests.toolkit.procs import eventually, subprocess_env
 
 
@@ -179,3 +182,46 @@ def test_the_report_puts_the_baseline_and_the_ratio_beside_each_figure() -> None
         "| throughput concurrency=16 | jobs_per_s | 1000 | 3 | 1250 | 0.8 | >= 25000 | NO |" in page
     )
     assert "`abc1234`" in page
+
+
+BURN = """
+import sys, time
+end = time.process_time() + float(sys.argv[1])
+while time.process_time() < end:
+    pass
+time.sleep(120)
+"""
+"""A process that spends `argv[1]` seconds of CPU, then sleeps."""
+
+
+async def test_the_cpu_meter_counts_each_role_of_the_served_processes_and_the_server(
+    conn: Connection,
+) -> None:
+    server = await harness.postmaster(conn)
+    assert server is not None  # the tests' server runs on this machine
+    # a served process that spends 0.3 s of CPU, with a child "worker" that spends 0.6 s
+    parent = (
+        f"import subprocess, sys\n"
+        f"subprocess.Popen([sys.executable, '-c', {BURN!r}, '0.6', 'worker'])\n"
+        f"sys.argv = ['-c', '0.3']\n{BURN}"
+    )
+    served = psutil.Popen([sys.executable, "-c", parent])
+    try:
+        meter = CpuMeter(served.pid, server)
+
+        async def burnt() -> bool:
+            spent = meter.read()
+            return spent.get("app", 0) >= 0.3 and spent.get("worker", 0) >= 0.6
+
+        await eventually(burnt, within=60, what="both processes to spend their CPU")
+        spent = meter.read()
+        assert 0.3 <= spent["app"] < 0.6  # the parent alone: its child is counted apart
+        assert "web" not in spent
+        before = meter.read()["db"]
+        await conn.fetchval("SELECT count(*) FROM generate_series(1, 3000000)")
+        assert meter.read()["db"] - before >= 0.05
+    finally:
+        for process in [*served.children(), served]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        served.wait(timeout=10)
