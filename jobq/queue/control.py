@@ -319,8 +319,9 @@ async def await_end(
     database: Database | None = None,
 ) -> JobView:
     """Wait up to `timeout` seconds for job `job_id` to finish and return it as it is then:
-    finished, or still queued or running when the time is up. Woken by the notification of
-    the statement that ends it (`Waiters`), within milliseconds of its commit.
+    finished, or still queued or running when the time is up or the server stops
+    (`drain_waits`). Woken by the notification of the statement that ends it (`Waiters`),
+    within milliseconds of its commit.
 
     Runs its statements alone (not in the caller's transaction: the job's end must be seen).
     Raises: `NotFound` for an unknown job; `OSError` / `asyncpg.PostgresError`.
