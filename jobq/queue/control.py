@@ -16,6 +16,7 @@ the waiter looks at the job when woken, and once more when its time is up.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import weakref
 from collections.abc import AsyncIterator, Collection
@@ -235,7 +236,7 @@ class Waiters:
     """One listener connection of a process (`direct_dsn`: LISTEN needs a session) on
     `jobq_done`, and the events of the tasks waiting for each job id. Connected at the first
     wait; a lost connection wakes every waiter (each then looks at its job) and is replaced at
-    the next wait. Once `drain`ed (the server stops), every wait ends at its next look."""
+    the next wait. Once `draining` (`drain_waits`), every wait ends at its next look."""
 
     def __init__(self, database: Database) -> None:
         self._database = weakref.ref(database)
@@ -274,18 +275,12 @@ class Waiters:
 
     def _on_lost(self, *_: object) -> None:
         self._listener = None
-        self._wake_all()
+        self.wake_all()
 
-    def drain(self) -> None:
-        """End every wait, now and from now on, at its next look at its job: a request that
-        waits answers with the job as it is, within the server's drain timeout."""
-        self.draining = True
-        self._wake_all()
-
-    def _wake_all(self) -> None:
-        for waiting in self._events.values():
-            for event in waiting:
-                event.set()
+    def wake_all(self) -> None:
+        """Wake every waiter: each looks at its job (and, `draining`, ends its wait)."""
+        for event in itertools.chain.from_iterable(self._events.values()):
+            event.set()
 
     async def close(self) -> None:
         """Close the listener."""
@@ -298,9 +293,11 @@ _waiters: weakref.WeakKeyDictionary[Database, Waiters] = weakref.WeakKeyDictiona
 
 
 def drain_waits() -> None:
-    """End the waits of this process (`Waiters.drain`): its server is stopping."""
+    """End every wait of this process, now and from now on, at its next look at its job (its
+    server is stopping): a request that waits answers at once with the job as it is."""
     for registry in list(_waiters.values()):
-        registry.drain()
+        registry.draining = True
+        registry.wake_all()
 
 
 def waiters(database: Database) -> Waiters:
