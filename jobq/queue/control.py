@@ -236,14 +236,15 @@ class Waiters:
     """One listener connection of a process (`direct_dsn`: LISTEN needs a session) on
     `jobq_done`, and the events of the tasks waiting for each job id. Connected at the first
     wait; a lost connection wakes every waiter (each then looks at its job) and is replaced at
-    the next wait. Once `draining` (`drain_waits`), every wait ends at its next look."""
+    the next wait. Once `draining` (`drain_waits`: process-wide), a wait ends at its next look."""
+
+    draining = False
 
     def __init__(self, database: Database) -> None:
         self._database = weakref.ref(database)
         self._events: dict[int, set[asyncio.Event]] = {}
         self._listener: asyncpg.Connection[asyncpg.Record] | None = None
         self._connecting = asyncio.Lock()
-        self.draining = False
 
     async def subscribe(self, job_id: int) -> asyncio.Event:
         """Return an event set when job `job_id` ends (or the listener is lost), listening
@@ -293,10 +294,9 @@ _waiters: weakref.WeakKeyDictionary[Database, Waiters] = weakref.WeakKeyDictiona
 
 
 def drain_waits() -> None:
-    """End every wait of this process, now and from now on, at its next look at its job (its
-    server is stopping): a request that waits answers at once with the job as it is."""
+    """End every wait of this process, now and later, at its next look (its server stops)."""
+    Waiters.draining = True
     for registry in list(_waiters.values()):
-        registry.draining = True
         registry.wake_all()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import weakref
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,13 +16,16 @@ from pydantic import BaseModel
 from jobq import clock
 from jobq.db import Connection, Database
 from jobq.errors import Conflict, NotFound
-from jobq.queue import Job, JobContext, Registry, enqueue
+from jobq.queue import Job, JobContext, Registry, control, enqueue
 from jobq.queue.control import (
     JobCancelled,
     JobFailed,
     JobState,
     JobStatus,
+    Waiters,
+    await_end,
     cancel,
+    drain_waits,
     find,
     job_states,
     wait_for,
@@ -454,6 +458,29 @@ async def test_wait_for_raises_the_failure_the_cancel_or_a_timeout(
         await asyncio.wait_for(waiting, 5)
     with pytest.raises(NotFound):
         await wait_for(10**12, 1)
+
+
+async def test_drain_waits_ends_the_waits_in_progress_and_those_that_start_later(
+    conn: Connection, database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`drain_waits` (its server stops) ends a wait in progress at once, and a wait that starts
+    later ends after its first look, even in a registry made after the drain (a request in flight
+    at the signal, in a process that had no wait before): each returns the job as it is."""
+    monkeypatch.setattr(Waiters, "draining", False)  # restored after the test
+    monkeypatch.setattr(control, "_waiters", weakref.WeakKeyDictionary())
+    later = await enqueue(Job(job_type="t", arguments={"n": 1}).runs_in(seconds=3600))
+    waiting = asyncio.create_task(await_end(later.id, 600))
+    await marked_awaited(conn, later.id)
+    assert not waiting.done()
+    drain_waits()
+    # ended by the drain: its 600 s are far from up
+    assert (await asyncio.wait_for(waiting, 60)).state is JobState.SCHEDULED
+    await control.waiters(database).close()
+
+    monkeypatch.setattr(control, "_waiters", weakref.WeakKeyDictionary())  # no registry yet
+    view = await asyncio.wait_for(await_end(later.id, 600), 60)
+    assert view.state is JobState.SCHEDULED
+    await control.waiters(database).close()
 
 
 # -- retention ---------------------------------------------------------------------------------
