@@ -181,9 +181,6 @@ def create_app(settings: Settings | None = None) -> Quart:
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.config["BODY_TIMEOUT"] = settings.body_timeout.total_seconds()  # 408 past it
     app.extensions["jobq.settings"] = settings
-    app.extensions["jobq.rate_limiter"] = auth.rate_limiter(settings)
-    app.extensions["jobq.key_cache"] = auth.key_cache()
-    app.extensions["jobq.throttles"] = Throttles.of(settings)
     QuartSchema(
         app,
         info=Info(title="jobq", version="0.1.0"),
@@ -225,6 +222,11 @@ def create_app(settings: Settings | None = None) -> Quart:
 
     @app.before_serving
     async def start() -> None:
+        # A serving's state starts afresh at each start: the per-key rate limits, the key
+        # cache and the client addresses' throttles.
+        app.extensions["jobq.rate_limiter"] = auth.rate_limiter(settings)
+        app.extensions["jobq.key_cache"] = auth.key_cache()
+        app.extensions["jobq.throttles"] = Throttles.of(settings)
         stack = contextlib.AsyncExitStack()
         app.extensions["jobq.stack"] = stack
         dsn = await prepare(settings)

@@ -237,12 +237,29 @@ async def receiver() -> AsyncIterator[WebhookReceiver]:
 
 @pytest.fixture
 async def app(database: Database, settings: Settings) -> AsyncIterator[TestAppProtocol]:
-    """The app, started (pool, HTTP client; no in-process worker unless asked) and stopped."""
-    quart_app: Quart = create_app(settings)
-    use_keyed_client(quart_app)  # acts as the users it creates
-    async with quart_app.test_app() as test_app:
+    """The app of `settings` (`app_of`), started (pool, HTTP client, a serving's fresh state;
+    no in-process worker unless asked) and stopped."""
+    async with app_of(settings).test_app() as test_app:
         yield test_app
     db.bind(database)
+
+
+_APPS: list[tuple[Settings, Quart]] = []
+"""The apps this test process built, each with its settings (`app_of`)."""
+
+
+def app_of(settings: Settings) -> Quart:
+    """The app of `settings`, acting as the users it creates (`use_keyed_client`): built once per
+    test process for settings of equal values (werkzeug compiles every route of an app, some
+    20 ms of CPU), and started afresh by each test: `create_app` keeps nothing of one serving
+    for the next."""
+    for made, quart_app in _APPS:
+        if made == settings:
+            return quart_app
+    quart_app = create_app(settings)
+    use_keyed_client(quart_app)
+    _APPS.append((settings, quart_app))
+    return quart_app
 
 
 @pytest.fixture

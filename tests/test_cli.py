@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from jobq import clock
+from jobq.__main__ import main
 from jobq.cli.commands import JOB_COLUMNS
 from jobq.cli.fleet import WORKER_COLUMNS
 from jobq.cli.tables import table, utc
@@ -65,12 +66,6 @@ def jobq(database: Database, database_url: str) -> Jobq:
         return await run_jobq(database_url, *args, env=env)
 
     return run
-
-
-@pytest.fixture(scope="module")
-async def overall_help(database_url: str) -> Ran:
-    """What `python -m jobq --help` prints (the same for every test: run once)."""
-    return await run_jobq(database_url, "--help")
 
 
 async def insert_dead(conn: Connection, job_id: int, arguments: dict[str, Any]) -> None:
@@ -258,18 +253,27 @@ COMMANDS = [
 ]
 
 
+def help_of(*command: str, capsys: pytest.CaptureFixture[str]) -> str:
+    """What `python -m jobq <command> --help` prints, parsed in this process as the program
+    parses it (`jobq.__main__.main`; the tests above run the program itself), once checked to
+    exit 0."""
+    with pytest.raises(SystemExit) as exited:
+        main([*command, "--help"])
+    assert exited.value.code == 0
+    return capsys.readouterr().out
+
+
 @pytest.mark.parametrize("command", COMMANDS)
-async def test_every_command_has_its_own_help_with_examples(
-    jobq: Jobq, overall_help: Ran, command: str
+def test_every_command_has_its_own_help_with_examples(
+    command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    ran = await jobq(*command.split(), "--help")
-    assert ran.code == 0, ran.err
-    assert ran.out.startswith(f"usage: python -m jobq {command}"), ran.out
-    examples = ran.out[ran.out.index("\nexamples:\n") :]
+    overall = help_of(capsys=capsys)
+    out = help_of(*command.split(), capsys=capsys)
+    assert out.startswith(f"usage: python -m jobq {command}"), out
+    examples = out[out.index("\nexamples:\n") :]
     assert f"python -m jobq {command.split()[0]}" in examples
-    assert ran.out.count("\n") > 6  # a description, not the global text
-    assert overall_help.code == 0, overall_help.err
-    assert ran.out != overall_help.out
+    assert out.count("\n") > 6  # a description, not the global text
+    assert out != overall
 
 
 async def test_workers_lists_the_registered_workers(

@@ -4,15 +4,17 @@ reminders and exports (409 `limit_reached`, nothing written)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from quart.typing import TestClientProtocol as Client
 
+from jobq import db
 from jobq.api.throttle import RateLimiter
 from jobq.config import Settings
-from jobq.db import Connection
+from jobq.db import Connection, Database
 from tests.api.helpers import assert_error, bearer, create_reminder, create_user
-from tests.conftest import make_settings
+from tests.conftest import app_of, make_settings
 
 
 @pytest.fixture
@@ -62,6 +64,34 @@ async def test_a_key_over_its_rate_is_429_with_retry_after(client: Client) -> No
     # Bob's key is not Ann's
     other = await client.get(f"/users/{bob['id']}", headers=bearer(bob["api_key"]))
     assert other.status_code == 200
+
+
+async def test_a_restarted_app_gives_each_key_its_whole_burst_again(
+    settings: Settings, database: Database
+) -> None:
+    """A serving's state (rate limits, key cache, throttles) is made at each start of the app,
+    so a test process can serve one app to many tests: a key that spent its burst in one
+    serving has all of it in the next serving of the same app."""
+    app = app_of(settings)
+    statuses: list[list[int]] = []
+    ann: dict[str, Any] = {}
+    try:
+        for serving in range(2):
+            async with app.test_app() as test_app:
+                client = test_app.test_client()
+                if serving == 0:
+                    ann = await create_user(client)
+                statuses.append(
+                    [
+                        (
+                            await client.get(f"/users/{ann['id']}", headers=bearer(ann["api_key"]))
+                        ).status_code
+                        for _ in range(6)
+                    ]
+                )
+    finally:
+        db.bind(database)
+    assert statuses == [[200] * 5 + [429]] * 2
 
 
 async def test_a_limited_request_writes_nothing(client: Client, conn: Connection) -> None:
