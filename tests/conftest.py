@@ -250,9 +250,9 @@ _APPS: list[tuple[Settings, Quart]] = []
 
 def app_of(settings: Settings) -> Quart:
     """The app of `settings`, acting as the users it creates (`use_keyed_client`): built once per
-    test process for settings of equal values (werkzeug compiles every route of an app, some
-    20 ms of CPU), and started afresh by each test: `create_app` keeps nothing of one serving
-    for the next."""
+    test process for settings of equal values (building one compiles the URL builder of every
+    route, werkzeug's), and started afresh by each test: `create_app` keeps nothing of one
+    serving for the next."""
     for made, quart_app in _APPS:
         if made == settings:
             return quart_app
