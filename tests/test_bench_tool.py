@@ -79,7 +79,8 @@ async def test_an_interrupted_benchmark_leaves_no_process_running(
             seen.update((p.pid, p) for p in tree.children(recursive=True))
             return any(_is_worker(p) and _alive(p) for p in seen.values())
 
-        await eventually(a_worker_runs, within=120, what="a worker under the benchmark")
+        # every 0.1 s: each look reads every process of the machine (psutil's children)
+        await eventually(a_worker_runs, within=120, what="a worker under the benchmark", every=0.1)
         top.send_signal(sig)
         exit_code = await asyncio.wait_for(top.wait(), 120)
         with contextlib.suppress(AssertionError):  # the check below says which

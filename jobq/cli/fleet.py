@@ -16,12 +16,7 @@ import signal
 import time
 from collections import deque
 from datetime import datetime
-from typing import Any
-
-from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from jobq import clock, db
 from jobq.cli.commands import OK, USAGE, emit
@@ -31,6 +26,9 @@ from jobq.dashboard.format import count, rate, span
 from jobq.queue import dead, limits, metrics
 from jobq.queue.history import MIN_RATE_SPAN_S, RATE_EVENTS, Counts, rates
 from jobq.queue.limits import queue_holds
+
+if TYPE_CHECKING:  # rich is imported where `top` draws: every other command starts without it
+    from rich.console import Group
 
 RATE_COLUMNS = ("enq/s", "done/s", "fail/s")
 """The headings of the rates of `RATE_EVENTS` (enqueued, succeeded, failed)."""
@@ -77,6 +75,10 @@ def _depth(value: int | None) -> str:
 
 def frame(reading: dict[str, Any], per_s: dict[str, dict[str, float]], every_s: float) -> Group:
     """The view of one `reading` with the rates `per_s` (empty: not measured yet)."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
     now: datetime = reading["now"]
     dead_jobs = reading["dead"]
     oldest = reading["vacuum"]["oldest_transaction_s"]
@@ -130,6 +132,9 @@ def _stop_on_signals(stop: asyncio.Event) -> None:
 async def top(args: argparse.Namespace, settings: Settings) -> int:
     """Show the live view every `args.interval` seconds until Ctrl-C or SIGTERM (exit 0); with
     `args.once`, print one frame (its rates over `MIN_RATE_SPAN_S`) and exit."""
+    from rich.console import Console
+    from rich.live import Live
+
     if args.interval < 0.2:
         print("jobq: --interval must be at least 0.2 seconds", flush=True)
         return USAGE

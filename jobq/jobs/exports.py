@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from icalendar import Calendar, Event
 from pydantic import BaseModel, Field
 
 from jobq import clock
@@ -36,6 +35,8 @@ class RenderPartArgs(BaseModel):
 
 def render_events(entries: list[CalendarEntry], *, stamp: datetime) -> str:
     """Return one iCalendar VEVENT per reminder, at its due time, in order (CRLF lines)."""
+    from icalendar import Event  # here: only the processes that render an export import it
+
     text = []
     for entry in entries:
         event = Event()
@@ -50,6 +51,8 @@ def render_events(entries: list[CalendarEntry], *, stamp: datetime) -> str:
 
 def calendar(user_name: str, events: str) -> str:
     """Return an iCalendar (RFC 5545) file of the user's `events` (from `render_events`)."""
+    from icalendar import Calendar
+
     head = Calendar()
     head.add("prodid", "-//jobq//reminders//EN")
     head.add("version", "2.0")

@@ -192,11 +192,22 @@ async def _seeded_database(
     admin_dsn: str, name: str, insert: str, count: int
 ) -> AsyncIterator[str]:
     """A database of its own (the reset before each test empties the session's), its `job`
-    filled by `insert` (parameters: now, `count`), vacuumed and analysed; yields its DSN."""
+    filled by `insert` (parameters: now, `count`), vacuumed and analysed; yields its DSN.
+    The indexes of `job` but its primary key are made again after the insert, from their own
+    definitions, as a bulk load does: one sort each rather than a random insert per row into
+    the md5 index (several times faster at these sizes)."""
     async with fresh_database(admin_dsn, name) as dsn:
         conn = await db.connect(dsn)
         try:
+            indexes = await conn.fetch(
+                "SELECT indexrelid::regclass::text AS name, pg_get_indexdef(indexrelid) AS made"
+                " FROM pg_index WHERE indrelid = 'job'::regclass AND NOT indisprimary"
+            )
+            for index in indexes:
+                await conn.execute(f"DROP INDEX {index['name']}")
             await conn.execute(insert, clock.now(), count)
+            for index in indexes:
+                await conn.execute(index["made"])
             await conn.execute("VACUUM ANALYZE job")
         finally:
             await conn.close()

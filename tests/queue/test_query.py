@@ -7,10 +7,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import aiosql
 import pytest
 
 import jobq
-from jobq.statements import STATEMENTS, Query
+from jobq.statements import QUERIES_DIR, STATEMENTS, Query, _Verbatim, load
 
 
 def test_names_are_numbered_in_order_of_first_use_and_casts_are_kept() -> None:
@@ -33,6 +34,24 @@ def test_every_statement_is_fully_numbered(name: str) -> None:
     assert not re.search(r"(?<![:\w]):[a-z_]", query.text), query.text
     used = {int(n) for n in re.findall(r"\$(\d+)", query.text)}
     assert used == set(range(1, len(query.params) + 1)), (name, used, query.params)
+
+
+def test_the_loader_reads_each_block_as_aiosql_does(tmp_path: Path) -> None:
+    """`load` skips aiosql's search for /* */ comments in a file without one: the blocks it
+    reads are aiosql's own, in the project's files and in a file with such a comment."""
+    (tmp_path / "c.sql").write_text(
+        "-- name: c_one\n-- One.\nSELECT /* a comment */ :a;\n\n"
+        "-- name: c_two!\n-- Two.\nUPDATE t SET x = '/* kept */' WHERE y = :b;\n"
+    )
+    for directory in (QUERIES_DIR, tmp_path):
+        theirs = aiosql.from_path(directory, _Verbatim, mandatory_parameters=False)  # type: ignore[arg-type]
+        ours = load(directory)
+        names = set(theirs.available_queries)
+        assert set(ours) == names - {f"{name}_cursor" for name in names}  # aiosql's variants
+        for name, query in ours.items():
+            assert query.source == getattr(theirs, name).sql.strip().rstrip(";"), name
+    assert load(tmp_path)["c_one"].source == "SELECT  :a"
+    assert load(tmp_path)["c_two"].source == "UPDATE t SET x = '/* kept */' WHERE y = :b"
 
 
 DOMAIN_TABLES = {
