@@ -1,8 +1,10 @@
-"""The schema: numbered plain-SQL migrations from `sql/migrations/`, each applied once, then every
-function of `sql/functions/` re-created; all under an advisory lock (sql/README.md)."""
+"""The schema: numbered plain-SQL migrations from `sql/migrations/`, each applied once, then the
+functions of `sql/functions/` re-created when they changed; all under an advisory lock
+(sql/README.md)."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from pathlib import Path
@@ -91,8 +93,11 @@ async def migrate(
 
     Two processes starting together are serialised by a session advisory lock; each
     migration runs in its own transaction with its record, and the functions in one more
-    (`CREATE OR REPLACE`, as Flyway's repeatable migrations; bodies are checked when called,
-    so their files need no order).
+    (`CREATE OR REPLACE`; bodies are checked when called, so their files need no order).
+    As Flyway's repeatable migrations, the functions run only when their files' digest
+    (recorded in `schema_functions`) changed, after a migration, or when a function of theirs
+    is missing: a process that starts on an up-to-date database re-creates nothing, so it
+    does not make every other session plan its statements again.
 
     Raises: `PreBaselineDatabase` when `schema_migrations` names a migration from before the
     baseline.
@@ -105,6 +110,7 @@ async def migrate(
             " name text NOT NULL,"
             " applied_at timestamptz NOT NULL DEFAULT now())"
         )
+        await conn.execute("CREATE TABLE IF NOT EXISTS schema_functions (digest text NOT NULL)")
         recorded = await conn.fetch("SELECT version, name FROM schema_migrations")
         if any(r["version"] == 1 and r["name"] != BASELINE for r in recorded):
             raise PreBaselineDatabase()
@@ -122,10 +128,33 @@ async def migrate(
                 )
             log.info("applied migration %s", path.name)
             done.append(version)
-        async with conn.transaction():
-            await conn.execute("SET LOCAL check_function_bodies = off")
-            for path in function_files(functions_dir):
-                await conn.execute(path.read_text())
+        await _create_functions(conn, functions_dir, changed=bool(done))
         return done
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1, $2)", *MIGRATION_LOCK)
+
+
+async def _create_functions(conn: Connection, functions_dir: Path, *, changed: bool) -> None:
+    """Run every file of `functions_dir` in one transaction, and record their digest, unless
+    (`changed` False) the recorded digest is theirs and each file's function exists."""
+    files = function_files(functions_dir)
+    texts = [path.read_text() for path in files]
+    digest = hashlib.sha256(
+        "".join(f"{path.name}\0{text}\0" for path, text in zip(files, texts, strict=True)).encode()
+    ).hexdigest()
+    names = [path.stem for path in files]
+    current = await conn.fetchrow(
+        "SELECT (SELECT digest FROM schema_functions) AS digest,"
+        " (SELECT count(DISTINCT proname) FROM pg_proc"
+        "  WHERE pronamespace = 'public'::regnamespace AND proname = ANY($1::text[])) AS present",
+        names,
+    )
+    assert current is not None  # a SELECT of two values: one row
+    if not changed and current["digest"] == digest and current["present"] == len(set(names)):
+        return
+    async with conn.transaction():
+        await conn.execute("SET LOCAL check_function_bodies = off")
+        for text in texts:
+            await conn.execute(text)
+        await conn.execute("DELETE FROM schema_functions")
+        await conn.execute("INSERT INTO schema_functions (digest) VALUES ($1)", digest)

@@ -26,7 +26,7 @@ SNAPSHOT = """
 WITH rel AS (
     SELECT c.oid, c.relname, c.relkind FROM pg_class AS c
     WHERE c.relnamespace = 'public'::regnamespace
-      AND c.relname NOT IN ('schema_migrations', 'schema_migrations_pkey')
+      AND c.relname NOT IN ('schema_migrations', 'schema_migrations_pkey', 'schema_functions')
       AND NOT EXISTS (SELECT FROM pg_depend AS d WHERE d.classid = 'pg_class'::regclass
                       AND d.objid = c.oid AND d.deptype = 'e')
 ), fn AS (
@@ -72,7 +72,8 @@ SELECT 'type', concat_ws(' | ', t.typname, t.typtype,
     (SELECT string_agg(e.enumlabel, ',' ORDER BY e.enumsortorder) FROM pg_enum AS e
      WHERE e.enumtypid = t.oid))
 FROM pg_type AS t
-WHERE t.typnamespace = 'public'::regnamespace AND t.typname NOT LIKE '%schema_migrations'
+WHERE t.typnamespace = 'public'::regnamespace
+  AND t.typname NOT LIKE '%schema_migrations' AND t.typname NOT LIKE '%schema_functions'
 UNION ALL
 SELECT 'comment', concat_ws(' | ', pg_describe_object(d.classoid, d.objoid, d.objsubid),
                            d.description)
@@ -82,7 +83,8 @@ UNION ALL
 SELECT 'function', pg_get_functiondef(f.oid) FROM fn AS f
 ORDER BY 1, 2
 """
-"""The catalog of the `public` schema as rows of text (`schema_migrations` left out): what a
+"""The catalog of the `public` schema as rows of text (the bookkeeping of `migrate`,
+`schema_migrations` and `schema_functions`, left out): what a
 step-by-step migration and `sql/schema.sql` must build alike."""
 
 
@@ -181,6 +183,45 @@ async def test_every_function_in_a_migrated_database_comes_from_sql_functions(
         finally:
             await conn.close()
     assert sorted(r["proname"] for r in names) == sorted(p.stem for p in function_files())
+
+
+async def written(conn: Connection) -> dict[str, str]:
+    """Each function, with the transaction that last wrote its row (a new one at each
+    re-creation)."""
+    rows = await conn.fetch(
+        "SELECT proname, xmin::text FROM pg_proc WHERE pronamespace = 'public'::regnamespace"
+    )
+    return {r["proname"]: r["xmin"] for r in rows}
+
+
+async def test_functions_are_re_created_only_when_changed_or_missing(
+    admin_dsn: str, tmp_path: Path
+) -> None:
+    async with fresh_database(admin_dsn, "jobq_repeat") as dsn:
+        conn = await db.connect(dsn)
+        try:
+            first = await written(conn)
+            assert await migrate(conn) == []
+            assert await written(conn) == first  # up to date: none re-created
+            # a file changed: every function runs again, in one transaction
+            changed = tmp_path / "functions"
+            changed.mkdir()
+            for path in function_files():
+                changed.joinpath(path.name).write_text(path.read_text())
+            text = changed.joinpath("job_is_active.sql").read_text()
+            changed.joinpath("job_is_active.sql").write_text(text + "\n-- changed\n")
+            await migrate(conn, functions_dir=changed)
+            second = await written(conn)
+            assert second.keys() == first.keys()
+            assert all(second[name] != first[name] for name in first)
+            assert await migrate(conn, functions_dir=changed) == []
+            assert await written(conn) == second
+            # a function dropped by hand is made again at the next migrate
+            await conn.execute("DROP FUNCTION job_is_active")
+            await migrate(conn, functions_dir=changed)
+            assert (await written(conn)).keys() == first.keys()
+        finally:
+            await conn.close()
 
 
 async def test_a_database_from_before_the_baseline_is_refused(admin_dsn: str) -> None:

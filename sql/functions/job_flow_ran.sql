@@ -67,8 +67,9 @@ BEGIN
     RETURN NULL;
 END $$;
 
--- The trigger itself is made here, once (this file runs at every migrate: CREATE OR REPLACE
--- TRIGGER would lock job_running each time), after job_flow_note.sql (the files run by name).
+-- The trigger itself is made here, once (this file runs whenever migrate re-creates the
+-- functions: CREATE OR REPLACE TRIGGER would lock job_running each time), after
+-- job_flow_note.sql (the files run by name).
 -- A database from before job_flow_note has two triggers, job_running_flow_note and an older
 -- job_running_flow_tell: both are replaced here, in the transaction that makes job_flow_note
 -- (a migration runs before it, and a commit between the two could end a job untold).
