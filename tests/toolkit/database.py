@@ -120,8 +120,9 @@ async def reset_tables(
     """Run `statements` (the emptying of the tables and the rows a fresh database has) in one
     transaction on a connection of the resets' own to `dsn` (kept open for the next reset;
     opened again when a test ended it), waiting at most `lock_timeout` for the locks. When
-    that runs out, a session left over from an earlier test holds them (an open transaction):
-    it is described in `reset_incidents`, ended, and the reset tried once more.
+    that runs out, or the reset deadlocks with one, a session left over from an earlier test
+    holds them (an open transaction): it is described in `reset_incidents`, ended, and the
+    reset tried once more.
     Raises: `asyncpg.PostgresError` when the second try fails too."""
     conn = _reset_connections.get(dsn)
     if conn is None or conn.is_closed() or not await _alive(conn):
@@ -133,12 +134,15 @@ async def reset_tables(
                 for statement in statements:
                     await conn.execute(statement)
             return
-        except asyncpg.LockNotAvailableError:
+        except (asyncpg.LockNotAvailableError, asyncpg.DeadlockDetectedError) as exc:
+            # a deadlock: a session left over from an earlier test still writes (a job that
+            # outlived its worker's test) and waits for a table the reset has locked
             if last_try:
                 raise
+            why = type(exc).__name__
         blockers = await conn.fetch(_BLOCKERS)
         reset_incidents.append(
-            f"before {test}: ended {len(blockers)} sessions holding the tables' locks: "
+            f"before {test}: ended {len(blockers)} sessions holding the tables' locks ({why}): "
             + "; ".join(repr(dict(b)) for b in blockers)
         )
         for blocker in blockers:
