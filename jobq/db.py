@@ -63,6 +63,14 @@ async def connect(
     return conn
 
 
+async def adopt(conn: Connection) -> Connection:
+    """Give a connection opened elsewhere (`jobq.pooler.own_session`) what `connect()` gives
+    one: the codecs and this process's `application_name` (set, not a startup parameter)."""
+    await conn.execute("SELECT set_config('application_name', $1, false)", application_name())
+    await _init_connection(conn)
+    return conn
+
+
 def session_dsn(settings: Settings, dsn: str) -> str:
     """The DSN of connections that need a session of their own: `JOBQ_DIRECT_DATABASE_URL`
     when set (the server itself, when `dsn` is a pooler), else `dsn`."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from jobq import embedded, pooler
 from jobq.config import PROJECT_ROOT, Settings
-from jobq.db import Connection, connect, session_dsn
+from jobq.db import Connection, adopt, session_dsn
 from jobq.errors import JobqError
 
 log = logging.getLogger(__name__)
@@ -76,13 +76,18 @@ async def prepare(settings: Settings) -> str:
 
 
 async def session(settings: Settings, dsn: str) -> Connection:
-    """A connection of its own to the DSN of sessions of `dsn` (`session_dsn`), once checked to
-    be no transaction pooler (`jobq.pooler`). Raises: `TransactionPooler`, `OSError` /
-    `asyncpg.PostgresError`."""
-    sessions = session_dsn(settings, dsn)
-    if await pooler.shares_sessions(sessions):
+    """A connection of its own to the DSN of sessions of `dsn` (`session_dsn`): the probe's
+    that found it no transaction pooler (`jobq.pooler`), with this process's codecs and
+    `application_name` (`jobq.db.adopt`); it prepares no named statement. Raises:
+    `TransactionPooler`, `OSError` / `asyncpg.PostgresError`."""
+    conn = await pooler.own_session(session_dsn(settings, dsn))
+    if conn is None:
         raise pooler.TransactionPooler(direct_set=settings.direct_database_url is not None)
-    return await connect(sessions)
+    try:
+        return await adopt(conn)
+    except BaseException:
+        await conn.close()
+        raise
 
 
 async def migrate(

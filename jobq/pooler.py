@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncpg
 
+from jobq.db import Connection
 from jobq.errors import JobqError
 
 
@@ -48,24 +49,33 @@ class TransactionPooler(JobqError):
         super().__init__(message)
 
 
-async def shares_sessions(dsn: str) -> bool:
-    """Whether connections to `dsn` go through a pooler that hands server sessions from one
-    client to another between transactions (see the module). Opens a connection to `dsn`,
-    and one more when a pooler answered; neither prepares a named statement (one would
-    clash with those that other clients left on a pooler's server sessions). Raises:
-    `OSError`, `asyncpg.PostgresError`."""
-    first = await asyncpg.connect(dsn, statement_cache_size=0)
+async def own_session(dsn: str) -> Connection | None:
+    """A connection to `dsn` that keeps one server session for its life: the probe's own (see
+    the module), handed over rather than closed, so that a process's first session costs one
+    connection. `None` (the probe's connections closed) when `dsn` goes through a pooler that
+    hands server sessions from one client to another between transactions.
+
+    The connections are asyncpg's plain ones: no startup parameter but the DSN's (a pooler's
+    server connection would keep an `application_name` after its client has gone) and no named
+    statement, ever (`statement_cache_size=0`: one would clash with those that other clients
+    left on a pooler's server sessions). Raises: `OSError`, `asyncpg.PostgresError`."""
+    first: Connection = await asyncpg.connect(dsn, statement_cache_size=0)
     try:
         pid = await first.fetchval("SELECT pg_backend_pid()")
         if first.get_server_pid() == pid:
-            return False
+            return first
         second = await asyncpg.connect(dsn, statement_cache_size=0)
         try:
             async with second.transaction():
-                if await second.fetchval("SELECT pg_backend_pid()") == pid:
-                    return True
-                return bool(await first.fetchval("SELECT pg_backend_pid()") != pid)
+                shared = await second.fetchval("SELECT pg_backend_pid()") == pid or (
+                    await first.fetchval("SELECT pg_backend_pid()") != pid
+                )
         finally:
             await second.close()
-    finally:
+    except BaseException:
         await first.close()
+        raise
+    if shared:
+        await first.close()
+        return None
+    return first

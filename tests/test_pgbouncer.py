@@ -30,9 +30,9 @@ import pytest
 from pydantic import BaseModel
 
 from jobq import clock, db
-from jobq.db import Connection, Database
+from jobq.db import Connection, Database, application_name
 from jobq.migrate import session
-from jobq.pooler import TransactionPooler, shares_sessions
+from jobq.pooler import TransactionPooler, own_session
 from jobq.queue import JobContext, Worker
 from jobq.queue.registry import Registry
 from jobq.queue.sql import WORKER_LOCK_CLASS
@@ -288,8 +288,13 @@ async def test_behind_a_transaction_pooler_without_a_direct_url_every_process_st
 async def test_the_probe_tells_a_transaction_pooler_from_the_server(
     pgbouncer_url: str, database_url: str
 ) -> None:
-    assert await shares_sessions(pgbouncer_url)
-    assert not await shares_sessions(database_url)
+    assert await own_session(pgbouncer_url) is None
+    direct = await own_session(database_url)  # the probe's connection, handed over
+    assert direct is not None
+    try:
+        assert direct.get_server_pid() == await direct.fetchval("SELECT pg_backend_pid()")
+    finally:
+        await direct.close()
     # JOBQ_DIRECT_DATABASE_URL through the pooler too: refused, naming it
     settings = make_settings(pgbouncer_url, direct_database_url=pgbouncer_url)
     with pytest.raises(TransactionPooler, match="JOBQ_DIRECT_DATABASE_URL goes through a pooler"):
@@ -298,5 +303,8 @@ async def test_the_probe_tells_a_transaction_pooler_from_the_server(
     conn = await session(make_settings(pgbouncer_url), pgbouncer_url)
     try:
         assert conn.get_server_pid() == await conn.fetchval("SELECT pg_backend_pid()")
+        # as `jobq.db.connect` makes one: this process's application_name, jsonb decoded
+        assert await conn.fetchval("SHOW application_name") == application_name()
+        assert await conn.fetchval("SELECT '{\"a\": 1}'::jsonb") == {"a": 1}
     finally:
         await conn.close()
