@@ -1,10 +1,17 @@
-"""`python -m jobq enqueue | jobs | dead | queues | schedules | prune | stats` (`jobq.cli`), run as
-real subprocesses on the session's database: their tables and `--json`, their exit codes (0 done,
-2 usage, 3 not found, 4 conflict), and what they change in the database."""
+"""`python -m jobq enqueue | jobs | dead | queues | schedules | prune | stats` (`jobq.cli`) on the
+session's database: their tables and `--json`, their exit codes (0 done, 2 usage, 3 not found, 4
+conflict), and what they change in the database.
+
+The commands run in this process, parsed and run by the program's own `jobq.cli.parse` and
+`jobq.cli.run` (a process start is most of a command's cost); a run given an environment
+(`JOBQ_LOG_FORMAT`, for the audit log on stderr) is the program itself, `python -m jobq`, as a
+real subprocess."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
 import sys
 from collections.abc import Awaitable, Callable, Mapping
@@ -14,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from jobq import clock
+from jobq import cli, clock
 from jobq.__main__ import main
 from jobq.cli.commands import JOB_COLUMNS
 from jobq.cli.fleet import WORKER_COLUMNS
@@ -23,6 +30,7 @@ from jobq.config import PROJECT_ROOT
 from jobq.db import Connection, Database
 from jobq.queue import Job, Registry, enqueue
 from jobq.queue.schedule import read_schedules
+from tests.conftest import make_settings
 from tests.toolkit.procs import subprocess_env
 
 
@@ -58,12 +66,31 @@ async def run_jobq(database_url: str, *args: str, env: Mapping[str, str] = {}) -
     return Ran(process.returncode, out.decode(), err.decode())
 
 
+async def run_in_process(database_url: str, *args: str) -> Ran:
+    """Run `python -m jobq <args>` as the program does after reading its settings (`cli.parse`,
+    then `cli.run`), in a task of its own (its `db.bind` stays there), on the database of
+    `database_url`, with what it prints captured."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            parsed = cli.parse(list(args))
+        except SystemExit as exc:  # a usage error: the usage line is printed
+            code = exc.code if isinstance(exc.code, int) else 1
+        else:
+            code = await asyncio.create_task(cli.run(parsed, make_settings(database_url)))
+    return Ran(code, out.getvalue(), err.getvalue())
+
+
 @pytest.fixture
 def jobq(database: Database, database_url: str) -> Jobq:
-    """Runs `python -m jobq <args>` on the test database (emptied for this test)."""
+    """Runs `python -m jobq <args>` on the test database (emptied for this test): in this
+    process (`run_in_process`), or, given an `env` (which may be empty), as the program itself in
+    a subprocess with that environment."""
 
-    async def run(*args: str, env: Mapping[str, str] = {}) -> Ran:
-        return await run_jobq(database_url, *args, env=env)
+    async def run(*args: str, env: Mapping[str, str] | None = None) -> Ran:
+        if env is not None:
+            return await run_jobq(database_url, *args, env=env)
+        return await run_in_process(database_url, *args)
 
     return run
 
@@ -120,12 +147,12 @@ async def test_enqueue_prints_the_id_and_whether_it_was_a_duplicate(
 
 
 async def test_unknown_ids_exit_3_and_bad_arguments_exit_2_with_a_usage_line(jobq: Jobq) -> None:
-    missing = await jobq("jobs", "show", "424242", "--json")
+    missing = await jobq("jobs", "show", "424242", "--json", env={})  # the program itself
     assert (missing.code, missing.out) == (3, "")
     assert missing.err == "jobq: no such job (job_id=424242)\n"
     assert (await jobq("dead", "retry", "424242")).code == 3
 
-    bad_state = await jobq("jobs", "list", "--state", "lost")
+    bad_state = await jobq("jobs", "list", "--state", "lost", env={})
     assert bad_state.code == 2
     assert bad_state.err.startswith("usage: python -m jobq jobs list")
     bad_args = await jobq("enqueue", "cli.test", "--args", "[1]")
@@ -255,8 +282,7 @@ COMMANDS = [
 
 def help_of(*command: str, capsys: pytest.CaptureFixture[str]) -> str:
     """What `python -m jobq <command> --help` prints, parsed in this process as the program
-    parses it (`jobq.__main__.main`; the tests above run the program itself), once checked to
-    exit 0."""
+    parses it (`jobq.__main__.main`), once checked to exit 0."""
     with pytest.raises(SystemExit) as exited:
         main([*command, "--help"])
     assert exited.value.code == 0

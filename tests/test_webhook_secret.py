@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import stat
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,11 +15,12 @@ import httpx
 import pytest
 from standardwebhooks import Webhook
 
+from jobq.__main__ import main
 from jobq.config import PROJECT_ROOT, Settings
 from jobq.credentials import webhook_key
 from jobq.db import Database
 from jobq.domain import signing
-from tests.toolkit.procs import free_port, http_ready, in_log, spawn, subprocess_env
+from tests.toolkit.procs import free_port, http_ready, in_log, spawn
 from tests.toolkit.receiver import WebhookReceiver
 
 SHORT = "whsec_" + base64.b64encode(b"x" * 31).decode()
@@ -29,22 +29,25 @@ SHORT = "whsec_" + base64.b64encode(b"x" * 31).decode()
 @pytest.mark.parametrize(
     "secret", ["change-me", "", "a-long-passphrase-that-is-not-base64!", SHORT]
 )
-def test_a_weak_secret_is_refused_at_start_saying_how_to_make_one(secret: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "jobq", "run"],
-        cwd=PROJECT_ROOT,
-        env=subprocess_env("postgresql://nowhere.invalid/jobq", {"JOBQ_WEBHOOK_SECRET": secret}),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 1
-    assert done.stderr.startswith("jobq: invalid setting JOBQ_WEBHOOK_SECRET: must be whsec_")
-    assert "make one with: python3 -c" in done.stderr
+def test_a_weak_secret_is_refused_at_start_saying_how_to_make_one(
+    secret: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python -m jobq run` as the program runs it (`jobq.__main__.main`, in this process: the
+    refusal comes before any import or connection of the run's), with the environment of
+    `tests.toolkit.procs.subprocess_env` and the weak secret."""
+    for name in os.environ:
+        if name.startswith("JOBQ_") or name in {"DATABASE_URL", "TEST_DATABASE_URL"}:
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("DATABASE_URL", "postgresql://nowhere.invalid/jobq")
+    monkeypatch.setenv("JOBQ_WEBHOOK_SECRET", secret)
+    monkeypatch.chdir(PROJECT_ROOT)  # where the program runs, with its `.env` if any
+    assert main(["run"]) == 1
+    stderr = capsys.readouterr().err
+    assert stderr.startswith("jobq: invalid setting JOBQ_WEBHOOK_SECRET: must be whsec_")
+    assert "make one with: python3 -c" in stderr
     if secret:
-        assert secret not in done.stderr  # a secret is never echoed
-    assert "Traceback" not in done.stderr
+        assert secret not in stderr  # a secret is never echoed
+    assert "Traceback" not in stderr
 
 
 def test_the_secret_is_made_once_and_kept(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""`python -m jobq workflows` and `python -m jobq workflow ID [--cancel | --retry]`, run as real
-subprocesses on the session's database: their tables, `--json`, exit codes and changes."""
+"""`python -m jobq workflows` and `python -m jobq workflow ID [--cancel | --retry]` on the
+session's database (run as `tests.test_cli` runs the commands): their tables, `--json`, exit
+codes and changes."""
 
 from __future__ import annotations
 
