@@ -8,7 +8,8 @@ lock, prepared statements on the pool): behind a transaction pooler they go thro
 one line naming the setting when it is, rather than crash-looping on the first session state
 that goes missing (`DuplicatePreparedStatementError`, a lost lock).
 
-The probe, in two steps, costs a direct server one short connection and one query:
+The probe, in two steps, costs a direct server one query, on the connection it then hands over
+as the process's first session:
 
 1. The server's cancel key (BackendKeyData, `get_server_pid()`) names the backend of the
    session; a pooler answers the startup with a key of its own. Equal to `pg_backend_pid()`:
