@@ -146,12 +146,14 @@ def pool_url(request: pytest.FixtureRequest, database_url: str) -> str:
 
 
 def make_settings(database_url: str, **overrides: Any) -> Settings:
-    """Settings for tests: the test database, no in-process worker, fast timers. A DSN through
-    the test PgBouncer gets its direct DSN as `direct_database_url`."""
+    """Settings for tests: the test database, no in-process worker, fast timers, pools that open
+    one connection at their start (a test's app opens its own pool; it grows as the test needs).
+    A DSN through the test PgBouncer gets its direct DSN as `direct_database_url`."""
     values: dict[str, Any] = {
         "database_url": database_url,
         "direct_database_url": DIRECT_OF.get(database_url),
         "run_workers": False,
+        "min_pool_size": 1,
         "max_pool_size": 20,
         "poll_interval": timedelta(seconds=0.5),
         "heartbeat_interval": timedelta(seconds=0.2),
