@@ -13,7 +13,7 @@ DOCS_INSTALLED := $(VENV)/.installed-docs
 PIP_INSTALL := $(BIN)/pip install --quiet --disable-pip-version-check
 # pytest-xdist processes for `make test`, each with a database of its own. The tests wait on
 # processes, sockets and timers as much as on the CPU, so on 2 cores 4 workers keep both busy
-# (about 6% faster than 3, which left a core idle while the others waited).
+# where 3 left a core idle while the others waited.
 # `make test TEST_WORKERS=N`.
 TEST_WORKERS ?= 4
 # The tests outside the fault scenarios need neither tests/chaos nor the pytest plugins of
