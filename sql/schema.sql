@@ -639,10 +639,10 @@ CREATE TABLE api_keys (
 
 CREATE INDEX api_keys_user_idx ON api_keys (user_id) WHERE revoked_at IS NULL;
 
--- The reminder deliveries holding (or lately started on) a webhook address: the per-address
--- limits of deliveries (jobq.domain.shares), beside the per-user one of the queue. A delivery's
--- hold ends when its attempt ends, or at held_until (its attempt's deadline: a worker that died
--- leaves no hold past it); a row stays while its start is within the rate window.
+-- The reminder deliveries holding a webhook address: the per-address limits of deliveries
+-- (jobq.domain.shares), beside the per-user one of the queue. A delivery's hold ends when its
+-- attempt ends (the row goes), or at held_until (its attempt's deadline: a worker that died
+-- leaves no hold past it).
 CREATE TABLE webhook_hold (
     id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     -- an IPv4 address, or the /64 of an IPv6 one
@@ -652,6 +652,16 @@ CREATE TABLE webhook_hold (
 );
 
 CREATE INDEX webhook_hold_address_idx ON webhook_hold (address);
+
+-- The starts of deliveries to a webhook address within its rate window, numbered 1, 2, ... in
+-- the order of its takes, which never record a start before the one numbered last
+-- (webhook_hold_take): a take finds the window's first and last start by this key alone.
+CREATE TABLE webhook_start (
+    address    text        NOT NULL,
+    started_at timestamptz NOT NULL,
+    start_no   bigint      NOT NULL,
+    PRIMARY KEY (address, started_at, start_no)
+);
 
 -- The dashboard's sessions, server-side: a session lives from its login until its logout or
 -- its expiry; the cookie names it (jobq.dashboard.session). `id`: SHA-256 of the cookie's

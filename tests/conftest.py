@@ -69,6 +69,7 @@ TABLES = [
     "job_history",
     "job_leader",
     "webhook_hold",
+    "webhook_start",
     "job_workflow",
     "job_flow",
     "job_dependency",

@@ -44,7 +44,6 @@ async def mark_occurrence_sent(
             reminder_id=reminder_id,
             occurrence_at=occurrence_at,
             hold_id=hold_id,
-            now=clock.now(),
         )
     return counted is not None
 

@@ -8,11 +8,11 @@ delivery slot:
   user's deliveries, and the others keep their place;
 - **per address**: `reminder_host_max_running` attempts at once and `reminder_host_rate` starts
   per `reminder_host_rate_period` to one webhook address (IPv4, or an IPv6 /64), whatever the
-  names that resolve to it, counted in the `webhook_hold` table (`take` and `release`, exact
-  across processes: sql/functions/webhook_hold_take.sql). The address is known only once the
-  attempt has resolved the name, so this limit is taken by the attempt itself: one that finds
-  the address full is snoozed (`jobq.errors.Snooze`: no attempt charged) until a slot may be
-  free, at most `MAX_WAIT` later.
+  names that resolve to it, counted in the `webhook_hold` and `webhook_start` tables (`take`
+  and `release`, exact across processes: sql/functions/webhook_hold_take.sql). The address is
+  known only once the attempt has resolved the name, so this limit is taken by the attempt
+  itself: one that finds the address full is snoozed (`jobq.errors.Snooze`: no attempt
+  charged) until a slot may be free, at most `MAX_WAIT` later.
 
 A hold lasts until its attempt ends (`release`), or at most `webhook_total_timeout` plus
 `HOLD_MARGIN` after it began: the deadline of the whole attempt, so a worker killed mid-attempt
@@ -66,7 +66,7 @@ async def take(address: str, now: datetime, settings: Settings) -> int | timedel
     return wait * random.uniform(1.0, 1.5)
 
 
-async def release(hold_id: int, now: datetime) -> None:
-    """End hold `hold_id` at `now`, in the caller's transaction (its start still counts within
-    the rate window)."""
-    await statements.webhook_hold_release.execute(db.conn(), hold_id=hold_id, now=now)
+async def release(hold_id: int) -> None:
+    """End hold `hold_id`, in the caller's transaction (its start still counts within the rate
+    window)."""
+    await statements.webhook_hold_release.execute(db.conn(), hold_id=hold_id)

@@ -129,7 +129,7 @@ async def deliver(
 async def release(hold: int) -> None:
     """End hold `hold` (`jobq.domain.shares.release`) in a transaction of its own."""
     async with transaction():
-        await shares.release(hold, clock.now())
+        await shares.release(hold)
 
 
 _AWARE = TypeAdapter(AwareDatetime)

@@ -85,10 +85,10 @@ WHERE r.id = :reminder_id AND r.sent_at IS NULL AND (r.rrule IS NOT NULL) = :rec
 
 -- name: reminder_occurrence_sent
 -- Count occurrence :occurrence_at of recurring reminder :reminder_id delivered, unless it or a
--- later one was counted already, and end its delivery's hold :hold_id at :now (NULL: none; as
+-- later one was counted already, and end its delivery's hold :hold_id (NULL: none; as
 -- webhook_hold_release does); returns its id, or no row (the hold ends either way).
 WITH released AS (
-    UPDATE webhook_hold SET held_until = least(held_until, :now) WHERE id = :hold_id
+    DELETE FROM webhook_hold WHERE id = :hold_id
 )
 UPDATE reminders SET deliveries = deliveries + 1, last_occurrence_at = :occurrence_at
 WHERE id = :reminder_id AND (last_occurrence_at IS NULL OR last_occurrence_at < :occurrence_at)
@@ -96,10 +96,10 @@ RETURNING id;
 
 -- name: reminder_sent
 -- Mark reminder :reminder_id sent at :now after :attempts attempts (one delivery), once, and end
--- its delivery's hold :hold_id at :now (NULL: none; as webhook_hold_release does); returns its
--- id, or no row (sent already, or gone; the hold ends either way).
+-- its delivery's hold :hold_id (NULL: none; as webhook_hold_release does); returns its id, or
+-- no row (sent already, or gone; the hold ends either way).
 WITH released AS (
-    UPDATE webhook_hold SET held_until = least(held_until, :now) WHERE id = :hold_id
+    DELETE FROM webhook_hold WHERE id = :hold_id
 )
 UPDATE reminders SET sent_at = :now, attempts = :attempts, deliveries = deliveries + 1
 WHERE id = :reminder_id AND sent_at IS NULL

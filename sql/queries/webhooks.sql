@@ -12,5 +12,5 @@ FROM webhook_hold_take(:address, :now, :held_until, :max_running, :max_starts, :
 UPDATE webhook_hold SET held_until = held_until WHERE id = :hold_id;
 
 -- name: webhook_hold_release!
--- End hold :hold_id at :now (its start still counts within the rate window).
-UPDATE webhook_hold SET held_until = least(held_until, :now) WHERE id = :hold_id;
+-- End hold :hold_id (its start still counts within the rate window: webhook_start).
+DELETE FROM webhook_hold WHERE id = :hold_id;

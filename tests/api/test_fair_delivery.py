@@ -177,7 +177,7 @@ async def test_an_address_share_is_exact_under_concurrent_takes(
     assert isinstance(await shares.take("203.0.113.8", now, settings), int)  # another address
 
     async with db.transaction():
-        await shares.release(holds[0], now)
+        await shares.release(holds[0])
     assert isinstance(await shares.take("203.0.113.7", now, settings), int)
     assert not isinstance(await shares.take("203.0.113.7", now, settings), int)
     # the holds of a worker that died end at their deadline
@@ -191,11 +191,97 @@ async def test_an_address_share_is_exact_under_concurrent_takes(
         hold = await shares.take("198.51.100.1", now, rated)
         assert isinstance(hold, int)
         async with db.transaction():
-            await shares.release(hold, now)
+            await shares.release(hold)
     wait = await shares.take("198.51.100.1", now + timedelta(seconds=9.9), rated)
     assert isinstance(wait, timedelta)
     assert timedelta(seconds=0.1) <= wait <= timedelta(seconds=0.15)  # the window opens at 10 s
     assert isinstance(await shares.take("198.51.100.1", now + timedelta(seconds=10), rated), int)
+
+
+async def _take(
+    conn: Connection, address: str, now: datetime, *, max_starts: int, period_s: float = 10.0
+) -> tuple[int | None, datetime | None]:
+    """One take of `address` at `now` (100 at once, `max_starts` per `period_s`), released at
+    once: (hold id, retry_at)."""
+    row = await statements.webhook_hold_take.fetchrow(
+        conn,
+        address=address,
+        now=now,
+        held_until=now + timedelta(seconds=30),
+        max_running=100,
+        max_starts=max_starts,
+        period=timedelta(seconds=period_s),
+    )
+    if row["hold_id"] is not None:
+        await statements.webhook_hold_release.execute(conn, hold_id=row["hold_id"])
+    return row["hold_id"], row["retry_at"]
+
+
+async def test_an_address_rate_counts_every_start_in_a_full_window_and_a_clock_behind(
+    database: Database,
+) -> None:
+    """1,000 starts a second apart in a window of 1,000 s: the 1,001st is refused until
+    the first leaves the window, and the window slides one start at a time. A process whose
+    clock is behind takes its start no earlier than the last one: it counts as long as the
+    others do."""
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+
+    def at(seconds: float) -> datetime:
+        return now + timedelta(seconds=seconds)
+
+    async with database.pool.acquire() as conn:
+
+        async def take(seconds: float) -> tuple[int | None, datetime | None]:
+            return await _take(conn, "203.0.113.50", at(seconds), max_starts=1000, period_s=1000)
+
+        for i in range(1000):
+            assert (await take(i))[0] is not None, i
+        assert await take(999.5) == (None, at(1000))  # when the first start leaves the window
+        assert (await take(1000))[0] is not None  # the first left the window: one more
+        assert (await take(1000))[0] is None
+
+        behind = "203.0.113.51"
+        assert (await _take(conn, behind, at(0), max_starts=2))[0] is not None
+        # a clock 5 s behind: its start is recorded at the last one's time
+        assert (await _take(conn, behind, at(-5), max_starts=2))[0] is not None
+        starts = await conn.fetch(
+            "SELECT started_at, start_no FROM webhook_start WHERE address = $1 ORDER BY start_no",
+            behind,
+        )
+        assert [tuple(s) for s in starts] == [(at(0), 1), (at(0), 2)]
+        assert await _take(conn, behind, at(9), max_starts=2) == (None, at(10))
+        assert (await _take(conn, behind, at(10), max_starts=2))[0] is not None
+
+
+async def test_a_take_reads_as_many_rows_whatever_the_starts_in_its_window(
+    database: Database,
+) -> None:
+    """A take reads the rows it needs (the window's first and last start, the running holds),
+    not every start in the window, nor the rows of the holds that ended: its index reads
+    (`pg_stat_user_indexes`, flushed by the taking session itself) are the same, give or take
+    a few entries not yet known dead, with 10 and 1,000 starts and ended holds before it (it
+    read every one of them when the starts were the holds' rows)."""
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+
+    async def index_reads(conn: Connection) -> int:
+        await conn.execute("SELECT pg_stat_force_next_flush(), pg_stat_clear_snapshot()")
+        reads: int = await conn.fetchval(
+            "SELECT sum(idx_tup_read) FROM pg_stat_user_indexes"
+            " WHERE relname IN ('webhook_hold', 'webhook_start')"
+        )
+        return reads
+
+    async def reads_of_one_take(conn: Connection, address: str, starts: int) -> int:
+        for i in range(starts):
+            await _take(conn, address, now + timedelta(milliseconds=i), max_starts=10_000)
+        before = await index_reads(conn)
+        await _take(conn, address, now + timedelta(seconds=1), max_starts=10_000)
+        return await index_reads(conn) - before
+
+    async with database.pool.acquire() as conn:
+        few = await reads_of_one_take(conn, "203.0.113.60", 10)
+        many = await reads_of_one_take(conn, "203.0.113.61", 1000)
+    assert many <= few + 10, (few, many)
 
 
 async def test_the_take_refuses_to_run_inside_a_transaction(
