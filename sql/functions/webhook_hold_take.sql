@@ -13,7 +13,9 @@
 -- the last start's time when its process's clock is behind), so the starts in the window are
 -- those numbered from the window's first to its last. A clock behind another's only counts
 -- more (a start recorded later than its take, a start another clock dropped counted still),
--- never fewer.
+-- never fewer. Its plans use no bitmap scan: a plain index scan marks the entries of the rows
+-- gone dead the first time it meets them, so that the next take does not read again every
+-- hold and start that ended since the table's last vacuum.
 --
 -- It runs alone, in autocommit (asserted), and commits asynchronously: the address's lock is
 -- held until the commit, and a commit that waited for the WAL flush would make the takes of one
