@@ -210,11 +210,17 @@ async def test_the_cpu_meter_counts_each_role_of_the_served_processes_and_the_se
     try:
         meter = CpuMeter(served.pid, server)
 
-        async def burnt() -> bool:
-            spent = meter.read()
-            return spent.get("app", 0) >= 0.3 and spent.get("worker", 0) >= 0.6
+        reads: list[dict[str, float]] = []
 
-        await eventually(burnt, within=60, what="both processes to spend their CPU")
+        def burnt() -> bool:
+            reads.append(meter.read())
+            return reads[-1].get("app", 0) >= 0.3 and reads[-1].get("worker", 0) >= 0.6
+
+        try:
+            await eventually(burnt, within=60, what="both processes to spend their CPU")
+        except AssertionError as exc:  # say what the meter read, and of which processes
+            commands = [p.cmdline() for p in [served, *served.children()]]
+            raise AssertionError(f"{exc}: it read {reads[-1]} of {commands}") from None
         spent = meter.read()
         assert 0.3 <= spent["app"] < 0.6  # the parent alone: its child is counted apart
         assert "web" not in spent
