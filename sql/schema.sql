@@ -647,7 +647,6 @@ CREATE TABLE webhook_hold (
     id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     -- an IPv4 address, or the /64 of an IPv6 one
     address    text        NOT NULL,
-    started_at timestamptz NOT NULL,
     held_until timestamptz NOT NULL
 );
 

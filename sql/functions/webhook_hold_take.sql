@@ -59,8 +59,8 @@ BEGIN
     INSERT INTO webhook_start (address, started_at, start_no)
     VALUES (p_address, greatest(p_now, last_start.started_at),
             coalesce(last_start.start_no, 0) + 1);
-    INSERT INTO webhook_hold (address, started_at, held_until)
-    VALUES (p_address, p_now, p_held_until)
+    INSERT INTO webhook_hold (address, held_until)
+    VALUES (p_address, p_held_until)
     RETURNING id INTO hold_id;
 END
 $$;

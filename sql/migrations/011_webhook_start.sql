@@ -1,7 +1,7 @@
 -- The starts of deliveries to a webhook address get a table of their own, numbered by address, so
 -- that a take counts the starts in the rate window from the first and the last one instead of
--- reading every row of the address; a hold's row now goes when its attempt ends
--- (sql/functions/webhook_hold_take.sql).
+-- reading every row of the address; a hold's row now goes when its attempt ends, and keeps no
+-- start of its own (sql/functions/webhook_hold_take.sql).
 CREATE TABLE webhook_start (
     address    text        NOT NULL,
     started_at timestamptz NOT NULL,
@@ -11,3 +11,4 @@ CREATE TABLE webhook_start (
 INSERT INTO webhook_start (address, started_at, start_no)
 SELECT address, started_at, row_number() OVER (PARTITION BY address ORDER BY started_at, id)
 FROM webhook_hold;
+ALTER TABLE webhook_hold DROP COLUMN started_at;
