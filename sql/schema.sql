@@ -655,10 +655,14 @@ CREATE INDEX webhook_hold_address_idx ON webhook_hold (address);
 -- The starts of deliveries to a webhook address within its rate window, numbered 1, 2, ... in
 -- the order of its takes, which never record a start before the one numbered last
 -- (webhook_hold_take): a take finds the window's first and last start by this key alone.
+-- `kept_from`: no start of the address was older when this one was recorded; the next take drops
+-- the starts before its window from there, not from the first entry the index holds (the index
+-- keeps the entries of dropped starts until a vacuum).
 CREATE TABLE webhook_start (
     address    text        NOT NULL,
     started_at timestamptz NOT NULL,
     start_no   bigint      NOT NULL,
+    kept_from  timestamptz NOT NULL,
     PRIMARY KEY (address, started_at, start_no)
 );
 

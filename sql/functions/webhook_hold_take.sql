@@ -1,8 +1,8 @@
 -- A hold on one of webhook address p_address's delivery slots (jobq.domain.shares), taken in
 -- an order that makes the limits exact across processes: 1. lock the address (a
 -- transaction-level advisory lock, class 1785684595, on the address's hash); 2. drop its holds
--- past their deadline (p_now) and its starts before the rate window (p_period before p_now);
--- 3. count its holds; 4. count its starts; 5. take one, held until p_held_until, unless
+-- past their deadline (p_now) and count the others; 3. drop its starts before the rate window
+-- (p_period before p_now) and count the others; 4. take one, held until p_held_until, unless
 -- p_max_running are running or p_max_starts started in the window.
 -- Returns (hold_id, retry_at): the new hold's id and NULL, or NULL and when one may be free
 -- (the earliest end of a running hold, or when the oldest start leaves the window).
@@ -15,7 +15,11 @@
 -- more (a start recorded later than its take, a start another clock dropped counted still),
 -- never fewer. Its plans use no bitmap scan: a plain index scan marks the entries of the rows
 -- gone dead the first time it meets them, so that the next take does not read again every
--- hold and start that ended since the table's last vacuum.
+-- hold and start that ended since the table's last vacuum. A marked entry is still stepped
+-- over, so the starts before the window are dropped from the last start's kept_from on: no
+-- start of the address was older when it was recorded, and each take records as its own the
+-- first start it left (or its own start, the window being empty), so that the entries of the
+-- starts dropped before lie behind it and no take walks them again.
 --
 -- It runs alone, in autocommit (asserted), and commits asynchronously: the address's lock is
 -- held until the commit, and a commit that waited for the WAL flush would make the takes of one
@@ -30,6 +34,7 @@ SET enable_bitmapscan = off
 AS $$
 DECLARE
     running integer;
+    v_started_at timestamptz;
     first_start webhook_start;
     last_start webhook_start;
 BEGIN
@@ -39,26 +44,29 @@ BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     PERFORM pg_advisory_xact_lock(1785684595, hashtext(p_address));
     DELETE FROM webhook_hold WHERE address = p_address AND held_until <= p_now;
-    DELETE FROM webhook_start WHERE address = p_address AND started_at <= p_now - p_period;
     SELECT count(*), min(held_until) INTO running, retry_at
     FROM webhook_hold WHERE address = p_address;
     IF running >= p_max_running THEN
         RETURN;
     END IF;
-    SELECT * INTO first_start FROM webhook_start
-    WHERE address = p_address AND started_at > p_now - p_period
-    ORDER BY started_at, start_no LIMIT 1;
     SELECT * INTO last_start FROM webhook_start
     WHERE address = p_address
     ORDER BY started_at DESC, start_no DESC LIMIT 1;
+    DELETE FROM webhook_start
+    WHERE address = p_address AND started_at >= last_start.kept_from
+      AND started_at <= p_now - p_period;
+    SELECT * INTO first_start FROM webhook_start
+    WHERE address = p_address AND started_at > p_now - p_period
+    ORDER BY started_at, start_no LIMIT 1;
     IF last_start.start_no - first_start.start_no + 1 >= p_max_starts THEN
         retry_at := first_start.started_at + p_period;
         RETURN;
     END IF;
     retry_at := NULL;
-    INSERT INTO webhook_start (address, started_at, start_no)
-    VALUES (p_address, greatest(p_now, last_start.started_at),
-            coalesce(last_start.start_no, 0) + 1);
+    v_started_at := greatest(p_now, last_start.started_at);
+    INSERT INTO webhook_start (address, started_at, start_no, kept_from)
+    VALUES (p_address, v_started_at, coalesce(last_start.start_no, 0) + 1,
+            coalesce(first_start.started_at, v_started_at));
     INSERT INTO webhook_hold (address, held_until)
     VALUES (p_address, p_held_until)
     RETURNING id INTO hold_id;

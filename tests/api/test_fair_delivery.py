@@ -299,6 +299,43 @@ async def test_a_take_reads_as_many_rows_whatever_the_starts_in_its_window(
     assert many <= few + 10, (few, many)
 
 
+async def test_a_take_walks_none_of_the_index_entries_of_the_starts_dropped_before(
+    database: Database,
+) -> None:
+    """A take drops the starts before its window from where the address's rows begin (the last
+    start's `kept_from`), so it reads as many pages of `webhook_start`'s index (buffers of
+    `pg_statio_user_indexes`, flushed by the taking session itself) after 3,000 starts dropped
+    as after 10: the index keeps a dropped start's entry until a vacuum, and a delete from the
+    address's first entry walked every one of them."""
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+
+    async def pages_read(conn: Connection) -> int:
+        await conn.execute("SELECT pg_stat_force_next_flush(), pg_stat_clear_snapshot()")
+        pages: int = await conn.fetchval(
+            "SELECT idx_blks_read + idx_blks_hit FROM pg_statio_user_indexes"
+            " WHERE indexrelname = 'webhook_start_pkey'"
+        )
+        return pages
+
+    async def pages_of_one_take(conn: Connection, address: str, starts: int) -> int:
+        # A start a millisecond, 500 in a window: the entries of those dropped lie to the left
+        # of the window's, on pages where no start is inserted any more.
+        for i in range(starts):
+            await _take(
+                conn, address, now + timedelta(milliseconds=i), max_starts=10_000, period_s=0.5
+            )
+        before = await pages_read(conn)
+        await _take(
+            conn, address, now + timedelta(milliseconds=starts), max_starts=10_000, period_s=0.5
+        )
+        return await pages_read(conn) - before
+
+    async with database.pool.acquire() as conn:
+        many = await pages_of_one_take(conn, "203.0.113.63", 3000)
+        few = await pages_of_one_take(conn, "203.0.113.62", 10)  # in an index as deep
+    assert many <= few + 2, (few, many)
+
+
 async def test_the_take_refuses_to_run_inside_a_transaction(
     database: Database, settings: Settings
 ) -> None:
