@@ -217,6 +217,14 @@ async def _take(
     return row["hold_id"], row["retry_at"]
 
 
+async def _statistic(conn: Connection, query: str) -> int:
+    """The figure `query` reads from the statistics views, once this session's own counts are
+    flushed to them and its cached snapshot of them dropped."""
+    await conn.execute("SELECT pg_stat_force_next_flush(), pg_stat_clear_snapshot()")
+    figure: int = await conn.fetchval(query)
+    return figure
+
+
 async def test_an_address_rate_counts_every_start_in_a_full_window_and_a_clock_behind(
     database: Database,
 ) -> None:
@@ -269,13 +277,10 @@ async def test_a_take_reads_as_many_rows_whatever_the_starts_in_its_window(
     after one take that marks what ended before."""
     now = datetime(2030, 1, 1, tzinfo=UTC)
 
-    async def index_reads(conn: Connection) -> int:
-        await conn.execute("SELECT pg_stat_force_next_flush(), pg_stat_clear_snapshot()")
-        reads: int = await conn.fetchval(
-            "SELECT sum(idx_tup_read) FROM pg_stat_user_indexes"
-            " WHERE relname IN ('webhook_hold', 'webhook_start')"
-        )
-        return reads
+    index_reads = (
+        "SELECT sum(idx_tup_read) FROM pg_stat_user_indexes"
+        " WHERE relname IN ('webhook_hold', 'webhook_start')"
+    )
 
     async def no_other_snapshot(conn: Connection) -> bool:
         others: int = await conn.fetchval(
@@ -289,9 +294,9 @@ async def test_a_take_reads_as_many_rows_whatever_the_starts_in_its_window(
             await _take(conn, address, now + timedelta(milliseconds=i), max_starts=10_000)
         await eventually(lambda: no_other_snapshot(conn), within=60, what="no other snapshot")
         await _take(conn, address, now + timedelta(milliseconds=starts), max_starts=10_000)
-        before = await index_reads(conn)
+        before = await _statistic(conn, index_reads)
         await _take(conn, address, now + timedelta(seconds=1), max_starts=10_000)
-        return await index_reads(conn) - before
+        return await _statistic(conn, index_reads) - before
 
     async with database.pool.acquire() as conn:
         few = await reads_of_one_take(conn, "203.0.113.60", 10)
@@ -309,13 +314,10 @@ async def test_a_take_walks_none_of_the_index_entries_of_the_starts_dropped_befo
     address's first entry walked every one of them."""
     now = datetime(2030, 1, 1, tzinfo=UTC)
 
-    async def pages_read(conn: Connection) -> int:
-        await conn.execute("SELECT pg_stat_force_next_flush(), pg_stat_clear_snapshot()")
-        pages: int = await conn.fetchval(
-            "SELECT idx_blks_read + idx_blks_hit FROM pg_statio_user_indexes"
-            " WHERE indexrelname = 'webhook_start_pkey'"
-        )
-        return pages
+    pages_read = (
+        "SELECT idx_blks_read + idx_blks_hit FROM pg_statio_user_indexes"
+        " WHERE indexrelname = 'webhook_start_pkey'"
+    )
 
     async def pages_of_one_take(conn: Connection, address: str, starts: int) -> int:
         # A start a millisecond, 500 in a window: the entries of those dropped lie to the left
@@ -324,11 +326,11 @@ async def test_a_take_walks_none_of_the_index_entries_of_the_starts_dropped_befo
             await _take(
                 conn, address, now + timedelta(milliseconds=i), max_starts=10_000, period_s=0.5
             )
-        before = await pages_read(conn)
+        before = await _statistic(conn, pages_read)
         await _take(
             conn, address, now + timedelta(milliseconds=starts), max_starts=10_000, period_s=0.5
         )
-        return await pages_read(conn) - before
+        return await _statistic(conn, pages_read) - before
 
     async with database.pool.acquire() as conn:
         many = await pages_of_one_take(conn, "203.0.113.63", 3000)
