@@ -266,9 +266,12 @@ async def test_a_take_reads_as_many_rows_whatever_the_starts_in_its_window(
 ) -> None:
     """A take reads the rows it needs (the window's first and last start, the running holds),
     not every start in the window, nor the rows of the holds that ended: its index reads
-    (`pg_stat_user_indexes`, flushed by the taking session itself) are the same, give or take
-    a few entries not yet known dead, with 10 and 1,000 starts and ended holds before it (it
-    read every one of them when the starts were the holds' rows).
+    (`pg_stat_user_indexes`, flushed by the taking session itself) are the same with 10 and
+    1,000 starts and ended holds before it (it read every one of them when the starts were the
+    holds' rows, and twice as many with bitmap scans), give or take the entries not yet marked
+    dead: the holds' index is by address alone, so it keeps an address's entries in posting
+    lists of up to about 220 (an 8 kB page's), and marks a list dead only once every hold in it
+    has ended before every snapshot (21 read against 4 once in CI).
 
     An ended hold's entry is known dead once no snapshot of the database is older than its
     end: a session of the database in a transaction meanwhile (an autovacuum's analyze, a
@@ -301,7 +304,7 @@ async def test_a_take_reads_as_many_rows_whatever_the_starts_in_its_window(
     async with database.pool.acquire() as conn:
         few = await reads_of_one_take(conn, "203.0.113.60", 10)
         many = await reads_of_one_take(conn, "203.0.113.61", 1000)
-    assert many <= few + 10, (few, many)
+    assert many <= few + 250, (few, many)
 
 
 async def test_a_take_walks_none_of_the_index_entries_of_the_starts_dropped_before(
