@@ -271,7 +271,7 @@ async def test_a_take_reads_as_many_rows_whatever_the_starts_in_its_window(
     holds' rows, and twice as many with bitmap scans), give or take the entries not yet marked
     dead: the holds' index is by address alone, so it keeps an address's entries in posting
     lists of up to about 220 (an 8 kB page's), and marks a list dead only once every hold in it
-    has ended before every snapshot (21 read against 4 once in CI).
+    has ended before every snapshot.
 
     An ended hold's entry is known dead once no snapshot of the database is older than its
     end: a session of the database in a transaction meanwhile (an autovacuum's analyze, a
