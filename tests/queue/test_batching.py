@@ -59,9 +59,14 @@ async def test_jobs_ending_together_are_recorded_by_one_statement(
     assert {(r["attempts"], r["last_error"]) for r in attempts} == {(1, "RuntimeError: retry me")}
 
 
-async def test_the_next_claim_carries_the_outcomes(conn: Connection, new_worker: NewWorker) -> None:
+async def test_the_next_claim_carries_the_outcomes(
+    claims: Connection, new_worker: NewWorker
+) -> None:
     """Failed jobs free their slots: the claim that fills them records their re-queue in the same
-    statement (and so the same transaction) as it moves the next jobs to `job_running`."""
+    transaction as it moves the next jobs to `job_running`. The claims' transactions are read
+    from their journal (`claims`), which nothing rewrites: the heartbeat's lease extensions
+    rewrite the rows of `job_running`, and with them their xmin."""
+    conn = claims
     hold = asyncio.Event()
     held = 0
     handlers = Registry()
@@ -84,7 +89,10 @@ async def test_the_next_claim_carries_the_outcomes(conn: Connection, new_worker:
     try:
         await eventually(lambda: held == 4)
         assert await count(conn, "job") == 4  # the failed ones, back with a backoff
-        assert await xmins(conn, "job") == await xmins(conn, "job_running")
+        held_claims = await conn.fetch(
+            "SELECT xmin::text AS x FROM test_claim WHERE job_id IN (SELECT id FROM job_running)"
+        )
+        assert await xmins(conn, "job") == {r["x"] for r in held_claims}
     finally:
         hold.set()
         stop.set()
