@@ -271,7 +271,8 @@ async def test_a_take_reads_as_many_rows_whatever_the_starts_in_its_window(
     holds' rows, and twice as many with bitmap scans), give or take the entries not yet marked
     dead: the holds' index is by address alone, so it keeps an address's entries in posting
     lists of up to about 220 (an 8 kB page's), and marks a list dead only once every hold in it
-    has ended before every snapshot.
+    has ended before every snapshot. The margin, 500, allows for a few such lists (a loaded
+    machine reads more of them), and is half of what reading every start costs.
 
     An ended hold's entry is known dead once no snapshot of the database is older than its
     end: a session of the database in a transaction meanwhile (an autovacuum's analyze, a
@@ -304,7 +305,7 @@ async def test_a_take_reads_as_many_rows_whatever_the_starts_in_its_window(
     async with database.pool.acquire() as conn:
         few = await reads_of_one_take(conn, "203.0.113.60", 10)
         many = await reads_of_one_take(conn, "203.0.113.61", 1000)
-    assert many <= few + 250, (few, many)
+    assert many <= few + 500, (few, many)
 
 
 async def test_a_take_walks_none_of_the_index_entries_of_the_starts_dropped_before(
