@@ -94,8 +94,12 @@ async def test_top_shows_queues_workers_and_rates_until_ctrl_c(
     terminal.append(top)
 
     def frame_shown() -> str | None:
+        # a whole frame: its workers table drawn to the bottom border (a loaded machine shows a
+        # frame in pieces)
         screen = top.screen()
-        return screen if "workers" in screen and "│ top" in screen else None
+        workers = screen.find("workers")
+        done = workers >= 0 and "┘" in screen[workers:]
+        return screen if done and "│ top" in screen else None
 
     screen = await eventually(frame_shown, within=START_S, what="a frame of top", every=0.1)
     assert "jobq top" in screen

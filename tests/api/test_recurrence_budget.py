@@ -103,8 +103,9 @@ async def test_health_answers_while_rules_that_never_occur_are_posted(
     """Six at once froze the service for 16 s (`/health` waited 11.7 s): now each is worked
     out in the rules' thread, within its budget, and the event loop goes on. `/health` is
     timed while six valid rules are posted, then while six that never occur are: the typical
-    (median) wait no longer than the first's within 100 ms and under 100 ms, and none near the
-    freeze (a second: one slow answer on a loaded machine is noise, not a frozen loop)."""
+    (median) wait no longer than the first's within 100 ms (the first's median is the machine's
+    own pace), and none near the freeze (a second: one slow answer on a loaded machine is
+    noise, not a frozen loop)."""
     user = (await http.post("/users", json={"name": "Ann", "email": "ann@example.com"})).json()
     key = {"Authorization": f"Bearer {user['api_key']}"}
     await http.get("/health")  # the connections warm
@@ -127,7 +128,6 @@ async def test_health_answers_while_rules_that_never_occur_are_posted(
     statuses, took = await health_while(NEVER)
     assert statuses == [422] * 6
     assert took[len(took) // 2] < control[len(control) // 2] + 0.1, (took, control)
-    assert took[len(took) // 2] < 0.1, took
     assert took[-1] < 1, took
 
 
