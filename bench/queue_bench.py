@@ -16,7 +16,9 @@ What is timed, exactly:
   `job_running` are both seen empty, i.e. the last outcome is committed). The first claim
   follows the commit by about a millisecond (the NOTIFY; see pickup_latency); the end is polled
   through indexes, every 10 ms while jobs are queued and every 1 ms once only running ones
-  remain.
+  remain. `cpu_ms_worker` and `cpu_ms_db`: the CPU time (user + system, in milliseconds) per
+  job of the worker process and of the whole database server (every backend, the polls'
+  included; absent when the server is not a process of this machine) over the same span.
 - `throughput_raw`: at concurrency 16 and 128, the worker's drain of 20,000 jobs as in
   `throughput`, then `raw_jobs_per_s`: the same 20,000 jobs enqueued the same way, drained by
   `raw_connections` plain asyncpg connections in this process (as many as the worker's slots,
@@ -47,11 +49,12 @@ import time
 from datetime import UTC, datetime
 
 import asyncpg
+import psutil  # type: ignore[import-untyped]
 
 from bench import harness
 from bench.context import Context, Figures
 from bench.handlers import NOOP, STAMP
-from bench.harness import wait_drained
+from bench.harness import cpu_s, postmaster, server_cpu_s, wait_drained
 from bench.loadgen import percentile
 from jobq import clock
 from jobq.db import Connection
@@ -133,21 +136,29 @@ async def _worker_drain(ctx: Context, concurrency: int, count: int, **env: str) 
     jobs = _noop_jobs(count)
     what = f"throughput-c{concurrency}" + "".join(f"-{k}={v}" for k, v in env.items())
     proc = ctx.spawn("worker", what, JOBQ_MAX_CONCURRENT_JOBS=str(concurrency), **env)
+    worker = psutil.Process(proc.pid)
     try:
         async with ctx.connection() as conn:
             await registered(conn, proc)
+            server = await postmaster(conn)
             async with ctx.jobq_database():
                 started = time.perf_counter()
                 ids = await enqueue_many(jobs)
                 committed = time.perf_counter()
+            cpu = cpu_s([worker]), server_cpu_s(server) if server is not None else 0.0
             assert len(ids) == count
             drained = await wait_drained(conn, within_s=300, proc=proc)
+            cpu_after = cpu_s([worker]), server_cpu_s(server) if server is not None else 0.0
     finally:
         await proc.stop()
-    return {
+    figures: Figures = {
         "enqueue_jobs_per_s": round(count / (committed - started), 1),
         "jobs_per_s": round(count / (drained - committed), 1),
+        "cpu_ms_worker": round((cpu_after[0] - cpu[0]) * 1000 / count, 4),
     }
+    if server is not None:
+        figures["cpu_ms_db"] = round((cpu_after[1] - cpu[1]) * 1000 / count, 4)
+    return figures
 
 
 async def _room(conn: Connection) -> int:
