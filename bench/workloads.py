@@ -45,7 +45,8 @@ WORKLOADS: dict[str, Spec] = {
         queue_bench.throughput,
         keys=("concurrency",),
         about="a worker process drains no-op jobs enqueued at once: 5,000 at concurrency 1,"
-        " 20,000 at 16 and at 64",
+        " 20,000 at 16 and at 64; `cpu_ms_worker`, `cpu_ms_db`: the worker's and the database"
+        " server's CPU per job during the drain",
     ),
     "pickup_latency": Spec(
         queue_bench.pickup_latency,
