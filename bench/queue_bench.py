@@ -141,23 +141,28 @@ async def _worker_drain(ctx: Context, concurrency: int, count: int, **env: str) 
         async with ctx.connection() as conn:
             await registered(conn, proc)
             server = await postmaster(conn)
+
+            def cpu() -> tuple[float, float]:
+                """CPU seconds so far: the worker's, the server's (0 when not readable)."""
+                return cpu_s([worker]), server_cpu_s(server) if server is not None else 0.0
+
             async with ctx.jobq_database():
                 started = time.perf_counter()
                 ids = await enqueue_many(jobs)
                 committed = time.perf_counter()
-            cpu = cpu_s([worker]), server_cpu_s(server) if server is not None else 0.0
+            before = cpu()
             assert len(ids) == count
             drained = await wait_drained(conn, within_s=300, proc=proc)
-            cpu_after = cpu_s([worker]), server_cpu_s(server) if server is not None else 0.0
+            after = cpu()
     finally:
         await proc.stop()
     figures: Figures = {
         "enqueue_jobs_per_s": round(count / (committed - started), 1),
         "jobs_per_s": round(count / (drained - committed), 1),
-        "cpu_ms_worker": round((cpu_after[0] - cpu[0]) * 1000 / count, 4),
+        "cpu_ms_worker": round((after[0] - before[0]) * 1000 / count, 4),
     }
     if server is not None:
-        figures["cpu_ms_db"] = round((cpu_after[1] - cpu[1]) * 1000 / count, 4)
+        figures["cpu_ms_db"] = round((after[1] - before[1]) * 1000 / count, 4)
     return figures
 
 
