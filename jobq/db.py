@@ -231,5 +231,6 @@ def conn() -> Connection:
 
 
 def json_arg(value: Any) -> str:
-    """Encode a value for a `$n::jsonb` parameter given as text."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    """Encode a value for a `$n::jsonb` parameter given as text, its keys sorted: equal values
+    encode alike, so the text also keys a value (`store.enqueue_many`'s twins)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True)

@@ -148,32 +148,33 @@ async def enqueue_many(jobs: Iterable[Job], *, handlers: Registry = registry) ->
     Raises: `ValueError` for a job whose `Unique` is `active` or `period`, or `raise` on
     conflict (enqueue those one at a time); `asyncpg.PostgresError` on database errors.
     """
-    batch: dict[tuple[str, ...], tuple[Job, Unique]] = {}
+    batch: dict[tuple[str, ...], tuple[Job, Unique, str]] = {}
     for job in jobs:
         unique = unique_of(job, handlers)
         if unique.among in ("active", "period") or unique.on_conflict == "raise":
             raise ValueError(f"enqueue_many takes no {unique!r}: enqueue such jobs one by one")
-        twin = (job.job_type, unique.key or json.dumps(job.arguments, sort_keys=True))
+        arguments = json_arg(job.arguments)  # the parameter, and the key of the job's twins
+        twin = (job.job_type, unique.key or arguments)
         key = (str(len(batch)),) if unique.among == "none" else twin
         if key not in batch or job.ripe_at < batch[key][0].ripe_at:
-            batch[key] = (job, unique)
+            batch[key] = (job, unique, arguments)
     if not batch:
         return []
     conn = current_conn()
-    pairs = list(batch.values())
+    triples = list(batch.values())
     rows = await sql.job_enqueue_many.fetch(
         conn,
-        job_types=[j.job_type for j, _ in pairs],
-        arguments=[json_arg(j.arguments) for j, _ in pairs],
-        ripe_ats=[j.ripe_at for j, _ in pairs],
-        priorities=[j.priority for j, _ in pairs],
-        max_retries=[max_retries_of(j, handlers) for j, _ in pairs],
+        job_types=[j.job_type for j, _, _ in triples],
+        arguments=[a for _, _, a in triples],
+        ripe_ats=[j.ripe_at for j, _, _ in triples],
+        priorities=[j.priority for j, _, _ in triples],
+        max_retries=[max_retries_of(j, handlers) for j, _, _ in triples],
         now=clock.now(),
-        queues=[queue_of(j, handlers) for j, _ in pairs],
-        concurrency_keys=[j.concurrency_key for j, _ in pairs],
-        unique_modes=[u.among for _, u in pairs],
-        unique_keys=[u.key for _, u in pairs],
-        hasten=[u.on_conflict == "earlier" for _, u in pairs],
+        queues=[queue_of(j, handlers) for j, _, _ in triples],
+        concurrency_keys=[j.concurrency_key for j, _, _ in triples],
+        unique_modes=[u.among for _, u, _ in triples],
+        unique_keys=[u.key for _, u, _ in triples],
+        hasten=[u.on_conflict == "earlier" for _, u, _ in triples],
     )
     if rows:
         wake_workers_after_commit()

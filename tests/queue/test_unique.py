@@ -184,8 +184,9 @@ async def test_enqueue_many_keeps_the_earliest_twin_of_a_batch_and_hastens_queue
 ) -> None:
     queued_job = await enqueue(Job(job_type="t", arguments={"n": 1}).runs_in(hours=5))
     soon = Job(job_type="t", arguments={"n": 1}).runs_in(hours=1)
-    sooner = Job(job_type="t", arguments={"n": 2}).runs_in(minutes=1)
-    ids = await enqueue_many([soon, Job(job_type="t", arguments={"n": 2}).runs_in(hours=2), sooner])
+    later = Job(job_type="t", arguments={"n": 2, "m": 0}).runs_in(hours=2)
+    sooner = Job(job_type="t", arguments={"m": 0, "n": 2}).runs_in(minutes=1)  # keys reordered
+    ids = await enqueue_many([soon, later, sooner])
     assert len(ids) == 1  # n=1 is a duplicate; the two n=2 are one job
     assert await ripe_at_of(conn, queued_job.id) == soon.ripe_at
     assert await ripe_at_of(conn, ids[0]) == sooner.ripe_at
