@@ -4,14 +4,27 @@ process that made it."""
 
 from __future__ import annotations
 
-import asyncio
+from types import SimpleNamespace
 
+import pytest
 from quart.typing import TestClientProtocol as Client
 
 from jobq.db import Connection, Database
 from jobq.domain import keys
 from jobq.domain.keys import KeyCache
 from tests.api.helpers import bearer, create_user
+
+
+class Monotonic:
+    """The cache's monotonic clock, moved by the test: a TTL passes, or not, however slow the
+    machine."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.now = 1000.0
+        monkeypatch.setattr(keys, "time", SimpleNamespace(monotonic=lambda: self.now))
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 async def revoke_elsewhere(conn: Connection, key_id: int) -> None:
@@ -32,13 +45,16 @@ async def test_a_key_in_use_is_looked_up_once_per_ttl(
 
 
 async def test_a_revocation_elsewhere_is_seen_once_the_ttl_has_passed(
-    client: Client, database: Database, conn: Connection
+    client: Client, database: Database, conn: Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    clock = Monotonic(monkeypatch)
     ann = await create_user(client)
-    cache = KeyCache(ttl_s=0.05)
+    cache = KeyCache(ttl_s=60)
     assert await keys.authenticate(ann["api_key"], cache) is not None
     await revoke_elsewhere(conn, ann["api_key_id"])
-    await asyncio.sleep(0.1)
+    clock.advance(59)
+    assert await keys.authenticate(ann["api_key"], cache) is not None  # within the TTL: cached
+    clock.advance(2)
     assert await keys.authenticate(ann["api_key"], cache) is None
 
 
@@ -66,18 +82,19 @@ async def test_a_revocation_through_the_api_is_seen_at_once(client: Client) -> N
 
 
 async def test_a_lookup_checks_again_the_keys_past_half_their_ttl(
-    client: Client, database: Database, conn: Connection
+    client: Client, database: Database, conn: Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    clock = Monotonic(monkeypatch)
     ann, bob, cid = [await create_user(client, email=f"{n}@example.com") for n in "abc"]
-    cache = KeyCache(ttl_s=0.4)
+    cache = KeyCache(ttl_s=40)
     assert await keys.authenticate(ann["api_key"], cache) is not None
     assert await keys.authenticate(bob["api_key"], cache) is not None
-    await asyncio.sleep(0.25)  # past half the TTL, within it
+    clock.advance(25)  # past half the TTL, within it
     await revoke_elsewhere(conn, ann["api_key_id"])
     # a key not cached is looked up with the aging ones: Ann's revocation is seen before her
     # entry's TTL is up, and Bob's entry starts a new TTL
     assert await keys.authenticate(cid["api_key"], cache) is not None
     assert cache.get(ann["api_key_id"]) is None
-    await asyncio.sleep(0.2)  # Bob's first lookup is past the TTL now, his second is not
+    clock.advance(20)  # Bob's first lookup is past the TTL now, his second is not
     assert cache.get(bob["api_key_id"]) is not None
     assert await keys.authenticate(ann["api_key"], cache) is None
