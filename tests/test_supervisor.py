@@ -59,6 +59,17 @@ def start_run(procs: Procs, port: int, **env: str) -> Proc:
     )
 
 
+def accepted(supervisor: Proc, client_port: int) -> bool:
+    """Whether a child of the supervisor has accepted the connection from `client_port`."""
+    for child in psutil.Process(supervisor.pid).children(recursive=True):
+        try:
+            if any(c.raddr and c.raddr.port == client_port for c in child.net_connections()):
+                return True
+        except psutil.NoSuchProcess:
+            pass
+    return False
+
+
 async def healthy(http: httpx.AsyncClient) -> bool:
     try:
         return (await http.get("/health")).status_code == 200
@@ -233,7 +244,10 @@ async def test_sigterm_lets_a_web_child_finish_a_request_in_progress(procs: Proc
         b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body[:10]
     )
     await writer.drain()
-    await asyncio.sleep(0.2)  # the request is in the web child's hands, its body unfinished
+    client_port = writer.get_extra_info("sockname")[1]
+    await eventually(
+        lambda: accepted(supervisor, client_port), what="the web child to accept the request"
+    )  # the request is in the web child's hands, its body unfinished
 
     supervisor.send(signal.SIGTERM)
     await in_log(supervisor, "SIGTERM: stopping the children", within=5)
