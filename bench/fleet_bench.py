@@ -17,14 +17,21 @@ the fleet has settled (`SETTLE_S`), then measures:
   DAMON, the share of a core its threads took during each pickup run (`kdamond_cpu_s`).
 
 Cost is counted over a window from 1.5 s before the load to 1.5 s after its last outcome was
-committed, so the idle fleet's own upkeep in that window (heartbeats, polls, rescues) is
-counted too. A backend's counts can reach `pg_stat_database` up to 10 s late (`SETTLE_S`): in
-the fleet's steady state as many late counts enter the window at its start as leave it at its
-end. `commits` is the delta of `pg_stat_database.xact_commit` (every statement the
-server ran alone is a transaction, a SELECT too) less the benchmark's own polls for the end of
-the load (about 100 a second: they would charge the slower fleet for the benchmark's
-watching); `db_cpu` the CPU time (user + system) of the server's processes: the postmaster,
-its children alive (psutil) and those that exited (reaped: the postmaster's children times).
+committed (`busy`: 12 s after), so the idle fleet's own upkeep in that window (heartbeats,
+polls, rescues) is counted too. A backend's counts can reach `pg_stat_database` up to 10 s late
+(`SETTLE_S`): one that published less than a second before holds them until its next
+transaction or, idle, for 10 s (`PGSTAT_IDLE_INTERVAL`). The `idle` load is paced over 10 s:
+at its window's end, at most about the last second's counts of each backend are still to come.
+The `busy` load is a burst of about a second that ends
+with the fleet idle, so its window stays open `SETTLE_S` after its last outcome; and it opens
+`SETTLE_S` after the pickup, whose late counts would otherwise enter it (400 to 600 of them
+did, against the load's own 680 to 840).
+
+`commits` is the delta of `pg_stat_database.xact_commit` (every statement the server ran alone
+is a transaction, a SELECT too) less the benchmark's own polls for the end of the load (about
+100 a second: they would charge the slower fleet for the benchmark's watching); `db_cpu` the
+CPU time (user + system) of the server's processes: the postmaster, its children alive
+(psutil) and those that exited (reaped: the postmaster's children times).
 `*_per_job_ratio`: the 50 workers' figure over the one worker's, in the same run.
 """
 
@@ -104,13 +111,16 @@ class Meter:
         return commits, server_cpu_s(self.postmaster)
 
     @contextlib.asynccontextmanager
-    async def window(self, jobs: int, into: dict[str, float]) -> AsyncIterator[None]:
-        """Count the commits and CPU per job of what runs inside (`jobs` jobs) into `into`."""
+    async def window(
+        self, jobs: int, into: dict[str, float], *, after_s: float = STATS_S
+    ) -> AsyncIterator[None]:
+        """Count the commits and CPU per job of what runs inside (`jobs` jobs) into `into`, from
+        `STATS_S` before it to `after_s` seconds after it."""
         await asyncio.sleep(STATS_S)
         commits, cpu = await self.read()
         self.polls.clear()
         yield
-        await asyncio.sleep(STATS_S)
+        await asyncio.sleep(after_s)
         commits_after, cpu_after = await self.read()
         commits_after -= self.polls["statements"]
         into["commits_per_job"] = (commits_after - commits) / jobs
@@ -203,8 +213,9 @@ async def _measure(
         out["pickup"] = await _pickup(conn, ctx.run)
         await wait_drained(conn, within_s=60)  # the last outcomes are recorded
         await _reset(conn, workers=False)
+        await asyncio.sleep(SETTLE_S)  # the pickup's late counts land before the busy window
         jobs = [Job(job_type=NOOP, arguments={"i": i}) for i in range(BUSY_JOBS)]
-        async with meter.window(BUSY_JOBS, out["busy"]):
+        async with meter.window(BUSY_JOBS, out["busy"], after_s=SETTLE_S):
             started = time.perf_counter()
             await enqueue_many(jobs)
             drained = await wait_drained(conn, within_s=300, polls=meter.polls)
