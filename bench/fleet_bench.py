@@ -17,7 +17,7 @@ the fleet has settled (`SETTLE_S`), then measures:
   DAMON, the share of a core its threads took during each pickup run (`kdamond_cpu_s`).
 
 Cost is counted over a window from 1.5 s before the load to 1.5 s after its last outcome was
-committed (`busy`: 12 s after), so the idle fleet's own upkeep in that window (heartbeats,
+committed (`busy`: 12 s on each side), so the idle fleet's own upkeep in that window (heartbeats,
 polls, rescues) is counted too. A backend's counts can reach `pg_stat_database` up to 10 s late
 (`SETTLE_S`): one that published less than a second before holds them until its next
 transaction or, idle, for 10 s (`PGSTAT_IDLE_INTERVAL`). The `idle` load is paced over 10 s:
@@ -112,15 +112,15 @@ class Meter:
 
     @contextlib.asynccontextmanager
     async def window(
-        self, jobs: int, into: dict[str, float], *, after_s: float = STATS_S
+        self, jobs: int, into: dict[str, float], *, margin_s: float = STATS_S
     ) -> AsyncIterator[None]:
         """Count the commits and CPU per job of what runs inside (`jobs` jobs) into `into`, from
-        `STATS_S` before it to `after_s` seconds after it."""
-        await asyncio.sleep(STATS_S)
+        `margin_s` seconds before it to `margin_s` seconds after it."""
+        await asyncio.sleep(margin_s)
         commits, cpu = await self.read()
         self.polls.clear()
         yield
-        await asyncio.sleep(after_s)
+        await asyncio.sleep(margin_s)
         commits_after, cpu_after = await self.read()
         commits_after -= self.polls["statements"]
         into["commits_per_job"] = (commits_after - commits) / jobs
@@ -213,9 +213,8 @@ async def _measure(
         out["pickup"] = await _pickup(conn, ctx.run)
         await wait_drained(conn, within_s=60)  # the last outcomes are recorded
         await _reset(conn, workers=False)
-        await asyncio.sleep(SETTLE_S)  # the pickup's late counts land before the busy window
         jobs = [Job(job_type=NOOP, arguments={"i": i}) for i in range(BUSY_JOBS)]
-        async with meter.window(BUSY_JOBS, out["busy"], after_s=SETTLE_S):
+        async with meter.window(BUSY_JOBS, out["busy"], margin_s=SETTLE_S):
             started = time.perf_counter()
             await enqueue_many(jobs)
             drained = await wait_drained(conn, within_s=300, polls=meter.polls)
