@@ -22,10 +22,9 @@ polls, rescues) is counted too. A backend's counts can reach `pg_stat_database` 
 (`SETTLE_S`): one that published less than a second before holds them until its next
 transaction or, idle, for 10 s (`PGSTAT_IDLE_INTERVAL`). The `idle` load is paced over 10 s:
 at its window's end, at most about the last second's counts of each backend are still to come.
-The `busy` load is a burst of about a second that ends
-with the fleet idle, so its window stays open `SETTLE_S` after its last outcome; and it opens
-`SETTLE_S` after the pickup, whose late counts would otherwise enter it (400 to 600 of them
-did, against the load's own 680 to 840).
+The `busy` load is a burst of about a second that ends with the fleet idle, so its window
+stays open `SETTLE_S` after its last outcome; and it opens `SETTLE_S` after the pickup, whose
+late counts would otherwise enter it (as many as the load's own).
 
 `commits` is the delta of `pg_stat_database.xact_commit` (every statement the server ran alone
 is a transaction, a SELECT too) less the benchmark's own polls for the end of the load (about
@@ -69,11 +68,8 @@ SETTLE_S = 12.0
 """Seconds from the last worker's registration to the first measurement: the workers' start-up
 is over, and the server has published its counts of it. PostgreSQL (15 and later) holds an idle
 backend's counts back for up to 10 s when it published less than a second before
-(`PGSTAT_IDLE_INTERVAL`). With 2 s, bursts of 140 to 170 commits a second that match no
-statement in the server's log fell inside the idle window of 50 workers, 3 and 8 s after it
-opened (the start-up's counts published late, or the 150 backends each catching up on cache
-invalidations, a transaction each), then 13.6 a second: 6.7-7.1 commits per job against 4.9
-in the steady state (2026-11-26)."""
+(`PGSTAT_IDLE_INTERVAL`); a shorter wait lets bursts of the start-up's late counts into the
+first window."""
 STATS_S = 1.5
 SLOTS = 16
 WORKER_ENV = {
